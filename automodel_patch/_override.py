@@ -1,0 +1,179 @@
+"""The corrected backend override, and two run-time companions.
+
+Upstream ``_nccl_backend_override`` (nemo-automodel 0.5.0 to 0.7.0) returns
+``("nccl", options)`` for every mesh axis when a timeout is requested. With a
+``"cuda:nccl,cpu:gloo"`` default group (FSDP2 CPU offload) that drops the Gloo
+half from every sub-group. :func:`keep_all_backends_override` keeps the default
+group's whole backend string and puts the requested timeout on each half.
+
+torch's ``DeviceMesh`` turns an override ``(backend, options)`` into
+``new_group(backend=backend, pg_options=options, timeout=options._timeout)``.
+``new_group`` then builds one backend per device of the backend string and
+hands each the same ``timeout``; NCCL additionally insists that ``pg_options``
+is a ``ProcessGroupNCCL.Options`` and Gloo ignores it. So a composite string
+plus NCCL options gives both halves the timeout, and a Gloo-only string takes
+plain ``Backend.Options``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.distributed_c10d import BackendConfig
+
+__all__ = [
+    "backend_options",
+    "default_backend",
+    "default_group_timeouts",
+    "keep_all_backends_override",
+    "make_init_device_mesh",
+    "make_unflatten_compat",
+]
+
+BackendOverride = dict[str, tuple[str, Any]]
+
+
+def default_backend(device_type: str) -> str:
+    """The default group's backend string, e.g. ``"cuda:nccl,cpu:gloo"``.
+
+    Before any group exists, the backend torch would pick for ``device_type``.
+    """
+    if dist.is_available() and dist.is_initialized():
+        return str(dist.get_backend())
+    return "nccl" if device_type == "cuda" else "gloo"
+
+
+def backend_options(backend: str, timeout: datetime.timedelta) -> Any:
+    """Options carrying ``timeout`` that every half of ``backend`` accepts."""
+    halves = set(BackendConfig(backend).get_device_backend_map().values())
+    if "nccl" in halves:
+        options = dist.ProcessGroupNCCL.Options()
+    else:
+        options = torch._C._distributed_c10d.Backend.Options(backend, timeout)
+    options._timeout = timeout
+    return options
+
+
+def keep_all_backends_override(
+    axes: tuple[str, ...],
+    *,
+    device_type: str,
+    timeout_minutes: float | None,
+) -> BackendOverride | None:
+    """Per-axis overrides that keep every backend of the default group.
+
+    Drop-in for Automodel's ``_nccl_backend_override`` (same signature).
+
+    * No timeout: no override, as upstream; sub-groups inherit the default
+      group's backend string and torch's default timeouts.
+    * ``"cuda:nccl,cpu:gloo"``: that string on every axis, timeout on both halves.
+    * ``"nccl"``: ``"nccl"`` on every axis, exactly as upstream.
+    * ``"gloo"`` (a CPU mesh): ``"gloo"`` on every axis, so the timeout reaches
+      the sub-groups too; upstream returns no override there.
+    """
+    if timeout_minutes is None:
+        return None
+    timeout = datetime.timedelta(minutes=timeout_minutes)
+    backend = default_backend(device_type)
+    return {axis: (backend, backend_options(backend, timeout)) for axis in axes}
+
+
+def default_group_timeouts() -> dict[str, datetime.timedelta]:
+    """Timeout of each device backend of the default group, keyed by device type."""
+    group = dist.distributed_c10d._get_default_group()
+    devices = BackendConfig(str(dist.get_backend(group))).get_device_backend_map()
+    return {device: group._get_backend(torch.device(device)).options._timeout for device in devices}
+
+
+def _reuses_default_group(size: int, config: tuple[str, Any] | None) -> bool:
+    """Whether an axis of ``size`` ranks may reuse the default group instead of ``config``.
+
+    True when the axis spans the world and the override asks for nothing the
+    default group lacks: same backend string, same timeout on every half.
+    """
+    if config is None or not dist.is_initialized() or size != dist.get_world_size():
+        return False
+    backend, options = config
+    if backend not in (None, str(dist.get_backend())):
+        return False
+    timeout = getattr(options, "_timeout", None)
+    return timeout is None or all(t == timeout for t in default_group_timeouts().values())
+
+
+def _without_reusable(override: Mapping[str, Any] | None, sizes: Mapping[str, int]) -> BackendOverride | None:
+    if not override:
+        return None
+    kept = {axis: cfg for axis, cfg in override.items() if not _reuses_default_group(sizes[axis], cfg)}
+    return kept or None
+
+
+def make_init_device_mesh(init_device_mesh: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap torch's ``init_device_mesh`` so world-sized axes reuse the default group.
+
+    torch reuses the default group for a world-sized axis only when that axis
+    has no override. Upstream (and the corrected override) give every axis one,
+    so without this a world-sized ``dp_shard`` gets a second, identical
+    communicator. The wrapper drops the override of such an axis when the
+    default group already has the requested backend and timeout.
+    """
+
+    def init_device_mesh_reusing_default_group(
+        device_type: str,
+        mesh_shape: Sequence[int],
+        *,
+        mesh_dim_names: Sequence[str] | None = None,
+        backend_override: Mapping[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        if backend_override and mesh_dim_names:
+            sizes = dict(zip(mesh_dim_names, mesh_shape))
+            backend_override = _without_reusable(
+                {axis: cfg for axis, cfg in backend_override.items() if axis in sizes}, sizes
+            )
+        return init_device_mesh(
+            device_type,
+            mesh_shape,
+            mesh_dim_names=mesh_dim_names,
+            backend_override=backend_override,
+            **kwargs,
+        )
+
+    init_device_mesh_reusing_default_group.__wrapped__ = init_device_mesh  # type: ignore[attr-defined]
+    return init_device_mesh_reusing_default_group
+
+
+def make_unflatten_compat(unflatten_compat: Callable[..., Any], mesh_utils: Any) -> Callable[..., Any] | None:
+    """Wrap ``_unflatten_compat`` so a CPU mesh's MoE sub-groups get the timeout.
+
+    Upstream passes a timeout to ``DeviceMesh._unflatten`` only when the mesh is
+    on CUDA. On a CPU (gloo) mesh the MoE axes then keep gloo's 30 minutes.
+    Returns None when the installed function takes no ``timeout_minutes``
+    (0.5.0), which has no timeout plumbing for the MoE mesh at all.
+    """
+    if "timeout_minutes" not in inspect.signature(unflatten_compat).parameters:
+        return None
+
+    def unflatten_compat_with_cpu_timeout(
+        flat_mesh: Any,
+        axis: int,
+        sizes: tuple[int, ...],
+        names: tuple[str, ...],
+        *,
+        timeout_minutes: float | None = None,
+    ) -> Any:
+        if timeout_minutes is not None and flat_mesh.device_type != "cuda" and hasattr(flat_mesh, "_unflatten"):
+            override = mesh_utils._nccl_backend_override(
+                names, device_type=flat_mesh.device_type, timeout_minutes=timeout_minutes
+            )
+            override = _without_reusable(override, dict(zip(names, sizes)))
+            if override:
+                return flat_mesh._unflatten(axis, sizes, names, backend_override=override)
+        return unflatten_compat(flat_mesh, axis, sizes, names, timeout_minutes=timeout_minutes)
+
+    unflatten_compat_with_cpu_timeout.__wrapped__ = unflatten_compat  # type: ignore[attr-defined]
+    return unflatten_compat_with_cpu_timeout

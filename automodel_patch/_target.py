@@ -1,0 +1,75 @@
+"""Locate the installed Automodel modules that the fork fix touches.
+
+Nothing here imports nemo-automodel at module import time: the modules are
+loaded on first use, so ``import automodel_patch`` stays cheap and works when
+the ``automodel`` extra is not installed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from types import ModuleType
+
+from packaging.version import InvalidVersion, Version
+
+__all__ = [
+    "MESH_MODULE",
+    "MESH_UTILS_MODULE",
+    "OVERRIDE_NAME",
+    "build_accepts_timeout",
+    "installed_version",
+    "load_mesh",
+    "load_mesh_utils",
+]
+
+MESH_UTILS_MODULE = "nemo_automodel.components.distributed.mesh_utils"
+MESH_MODULE = "nemo_automodel.components.distributed.mesh"
+OVERRIDE_NAME = "_nccl_backend_override"
+
+
+def _load(name: str) -> ModuleType | None:
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        return None
+
+
+def load_mesh_utils() -> ModuleType | None:
+    """Return Automodel's ``mesh_utils`` module, or None when it cannot be imported."""
+    return _load(MESH_UTILS_MODULE)
+
+
+def load_mesh() -> ModuleType | None:
+    """Return Automodel's ``mesh`` module, or None when it cannot be imported."""
+    return _load(MESH_MODULE)
+
+
+def build_accepts_timeout() -> bool:
+    """Whether the installed ``MeshContext.build`` takes ``timeout_minutes``.
+
+    Signature probe, not a version check: 0.3.0 and 0.4.0 have no ``build``;
+    0.5.0 and later take the keyword.
+    """
+    mesh = load_mesh()
+    build = getattr(getattr(mesh, "MeshContext", None), "build", None)
+    if build is None:
+        return False
+    return "timeout_minutes" in inspect.signature(build).parameters
+
+
+def installed_version() -> Version | None:
+    """The installed nemo-automodel version, for reports only: never a decision input."""
+    package = _load("nemo_automodel")
+    text = getattr(package, "__version__", None)
+    if text is None:
+        try:
+            from importlib.metadata import PackageNotFoundError, version
+
+            text = version("nemo-automodel")
+        except PackageNotFoundError:
+            return None
+    try:
+        return Version(str(text))
+    except InvalidVersion:
+        return None

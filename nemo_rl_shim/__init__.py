@@ -1,0 +1,38 @@
+"""NeMo RL side of the Automodel timeout fix.
+
+``policy.automodel_cfg.distributed_timeout_minutes`` (and ``value.automodel_cfg``
+for PPO) reaches ``init_process_group`` and every DeviceMesh sub-group, without
+breaking FSDP2 CPU offload's Gloo half. Importing this package does not import
+nemo-automodel; that happens on the first ``setup_distributed`` or detection.
+"""
+
+from __future__ import annotations
+
+from nemo_rl_shim.config import (
+    AutomodelConfig,
+    automodel_cfg,
+    distributed_timeout_minutes,
+    distributed_timeout_minutes_after_init,
+    load_config,
+    patch_automodel,
+)
+from nemo_rl_shim.decision import Action, Decision, decide
+from nemo_rl_shim.distributed_setup import DistributedContext, RuntimeConfig, setup_distributed
+from nemo_rl_shim.process_group import backend_for, init_process_group
+
+__all__ = [
+    "Action",
+    "AutomodelConfig",
+    "Decision",
+    "DistributedContext",
+    "RuntimeConfig",
+    "automodel_cfg",
+    "backend_for",
+    "decide",
+    "distributed_timeout_minutes",
+    "distributed_timeout_minutes_after_init",
+    "init_process_group",
+    "load_config",
+    "patch_automodel",
+    "setup_distributed",
+]

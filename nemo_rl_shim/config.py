@@ -1,0 +1,121 @@
+"""The ``automodel_cfg`` config block and its validation.
+
+Knows nothing of torch.distributed: every check here runs before any process
+group exists, so a bad value leaves nothing half-initialized.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal, NotRequired, TypedDict
+
+__all__ = [
+    "ROLES",
+    "AutomodelConfig",
+    "automodel_cfg",
+    "distributed_timeout_minutes",
+    "distributed_timeout_minutes_after_init",
+    "load_config",
+    "patch_automodel",
+]
+
+Role = Literal["policy", "value"]
+ROLES: tuple[Role, ...] = ("policy", "value")
+
+# The largest minute count datetime.timedelta accepts (999,999,999 days).
+_MAX_MINUTES = datetime.timedelta.max.total_seconds() / 60
+
+
+class AutomodelConfig(TypedDict):
+    """``policy.automodel_cfg`` (and, for PPO, ``value.automodel_cfg``)."""
+
+    #: Timeout of the default process group and of every DeviceMesh sub-group, in
+    #: minutes. None (or unset) keeps torch's defaults: 10 min for NCCL, 30 for Gloo.
+    distributed_timeout_minutes: NotRequired[float | None]
+    #: Steady-state timeout once the first training step has finished. None keeps
+    #: ``distributed_timeout_minutes`` for the whole run. May not exceed it.
+    distributed_timeout_minutes_after_init: NotRequired[float | None]
+    #: Apply the Automodel fork fix when the installed release drops the CPU half
+    #: under CPU offload. Default True. With False the timeout is not forwarded there.
+    patch_automodel: NotRequired[bool]
+
+
+def load_config(path: str | Path) -> dict[str, Any]:
+    """Read a NeMo RL-style YAML file into a dict."""
+    import yaml
+
+    with open(path, encoding="utf-8") as handle:
+        loaded = yaml.safe_load(handle)
+    if not isinstance(loaded, dict):
+        raise ValueError(f"{path} must hold a YAML mapping at the top level, got {type(loaded).__name__}")
+    return loaded
+
+
+def automodel_cfg(config: Mapping[str, Any], role: Role = "policy") -> Mapping[str, Any]:
+    """``config[role]["automodel_cfg"]``, or an empty mapping when either is absent or null."""
+    section = config.get(role) or {}
+    if not isinstance(section, Mapping):
+        raise ValueError(f"{role} must be a mapping, got {section!r}")
+    block = section.get("automodel_cfg") or {}
+    if not isinstance(block, Mapping):
+        raise ValueError(f"{role}.automodel_cfg must be a mapping, got {block!r}")
+    return block
+
+
+def _positive_minutes(value: Any, key: str) -> float | None:
+    if value is None:
+        return None
+    rule = f"{key} must be a positive number of minutes"
+    # bool is an int subclass: True would silently mean one minute.
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{rule}, got {value!r} ({type(value).__name__})")
+    if math.isnan(value) or math.isinf(value) or value <= 0:
+        raise ValueError(f"{rule}, got {value!r}")
+    if value > _MAX_MINUTES:
+        raise ValueError(f"{rule} no larger than {_MAX_MINUTES:.0f} (datetime.timedelta's limit), got {value!r}")
+    try:
+        datetime.timedelta(minutes=value)
+    except OverflowError as e:
+        raise ValueError(f"{rule} that datetime.timedelta can hold, got {value!r}") from e
+    return float(value)
+
+
+def distributed_timeout_minutes(cfg: Mapping[str, Any], where: str = "policy.automodel_cfg") -> float | None:
+    """The validated ``distributed_timeout_minutes`` of one ``automodel_cfg`` block.
+
+    Unset or null gives None (torch's default). Zero, negatives, booleans, NaN,
+    infinity, strings, lists and values too large for ``datetime.timedelta``
+    raise ``ValueError`` naming the full key and the value received.
+    """
+    return _positive_minutes(cfg.get("distributed_timeout_minutes"), f"{where}.distributed_timeout_minutes")
+
+
+def distributed_timeout_minutes_after_init(
+    cfg: Mapping[str, Any], where: str = "policy.automodel_cfg"
+) -> float | None:
+    """The validated steady-state timeout, or None to keep the start-up value all run.
+
+    It may not exceed ``distributed_timeout_minutes``: the start-up phase is the
+    slow one, and a steady value above it would only delay hang detection. Set
+    without a start-up value, it is compared against nothing (torch's default
+    applies at start-up and is not known here per backend).
+    """
+    key = f"{where}.distributed_timeout_minutes_after_init"
+    steady = _positive_minutes(cfg.get("distributed_timeout_minutes_after_init"), key)
+    startup = distributed_timeout_minutes(cfg, where)
+    if steady is not None and startup is not None and steady > startup:
+        raise ValueError(
+            f"{key} must not exceed {where}.distributed_timeout_minutes ({startup:g}), got {steady:g}"
+        )
+    return steady
+
+
+def patch_automodel(cfg: Mapping[str, Any], where: str = "policy.automodel_cfg") -> bool:
+    """The validated ``patch_automodel`` flag (default True)."""
+    value = cfg.get("patch_automodel", True)
+    if not isinstance(value, bool):
+        raise ValueError(f"{where}.patch_automodel must be true or false, got {value!r}")
+    return value

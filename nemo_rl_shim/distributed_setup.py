@@ -1,0 +1,193 @@
+"""``setup_distributed``: NeMo RL's Automodel-path set-up, with the timeout carried through.
+
+Order: validate the config (no process group yet), decide, apply the fork fix
+if the decision says so, initialize the default group, build the meshes.
+"""
+
+from __future__ import annotations
+
+import importlib
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any, NamedTuple
+
+import torch
+import torch.distributed as dist
+
+import automodel_patch
+from nemo_rl_shim import config as cfg
+from nemo_rl_shim.decision import Decision, decide
+from nemo_rl_shim.process_group import init_process_group
+
+__all__ = ["DistributedContext", "ParallelSizes", "RuntimeConfig", "parallel_sizes", "setup_distributed"]
+
+_DIST = "nemo_automodel.components.distributed"
+
+
+class RuntimeConfig(NamedTuple):
+    """The part of NeMo RL's ``RuntimeConfig`` that ``setup_distributed`` reads."""
+
+    cpu_offload: bool = False
+    dtype: torch.dtype = torch.float32
+
+
+@dataclass(frozen=True)
+class ParallelSizes:
+    """Requested sizes from ``dtensor_cfg``; dp is inferred from the world size."""
+
+    tp: int = 1
+    cp: int = 1
+    ep: int = 1
+    dp_replicate: int = 1
+
+
+@dataclass
+class DistributedContext:
+    """What ``setup_distributed`` built, and what it decided about the timeout."""
+
+    device_mesh: Any
+    moe_mesh: Any
+    fsdp2_config: Any
+    moe_config: Any
+    dp_size: int
+    tp_size: int
+    cp_size: int
+    decision: Decision
+    timeout_minutes_after_init: float | None = None
+
+
+_SIZE_KEYS = {
+    "tp": "tensor_parallel_size",
+    "cp": "context_parallel_size",
+    "ep": "expert_parallel_size",
+    "dp_replicate": "dp_replicate_size",
+}
+
+
+def parallel_sizes(dtensor_cfg: Mapping[str, Any], where: str = "policy.dtensor_cfg") -> ParallelSizes:
+    """Read and check the parallel sizes of ``dtensor_cfg``."""
+    sizes = {}
+    for field, key in _SIZE_KEYS.items():
+        value = dtensor_cfg.get(key, 1)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{where}.{key} must be a positive integer, got {value!r}")
+        sizes[field] = value
+    return ParallelSizes(**sizes)
+
+
+def _accepted(cls: type, wanted: Mapping[str, Any]) -> dict[str, Any]:
+    names = {f.name for f in fields(cls)}
+    return {key: value for key, value in wanted.items() if key in names}
+
+
+def _fsdp2_config(dtensor_cfg: Mapping[str, Any], runtime_config: RuntimeConfig) -> Any:
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
+
+    fsdp2_cls = importlib.import_module(f"{_DIST}.config").FSDP2Config
+    wanted = {
+        "sequence_parallel": dtensor_cfg.get("sequence_parallel", False),
+        "tp_plan": dtensor_cfg.get("custom_parallel_plan"),
+        "mp_policy": MixedPrecisionPolicy(
+            param_dtype=runtime_config.dtype, reduce_dtype=torch.float32, output_dtype=torch.float32
+        ),
+        "offload_policy": CPUOffloadPolicy(pin_memory=False) if runtime_config.cpu_offload else None,
+        "activation_checkpointing": dtensor_cfg.get("activation_checkpointing", False),
+        "defer_fsdp_grad_sync": dtensor_cfg.get("defer_fsdp_grad_sync", True),
+        # 0.3.0 and 0.4.0 pick the mesh device from this field.
+        "backend": "nccl" if torch.cuda.is_available() else "gloo",
+    }
+    return fsdp2_cls(**_accepted(fsdp2_cls, wanted))
+
+
+def _moe_config(dtensor_cfg: Mapping[str, Any]) -> Any:
+    options = dtensor_cfg.get("moe_parallelizer") or {}
+    for module in (f"{_DIST}.config", "nemo_automodel.components.moe.config"):
+        try:
+            moe_cls = getattr(importlib.import_module(module), "MoEParallelizerConfig", None)
+        except ImportError:
+            continue
+        if moe_cls is not None:
+            return moe_cls(**options)
+    return None
+
+
+def _build_meshes(fsdp2_config: Any, sizes: ParallelSizes, world_size: int, decision: Decision) -> tuple[Any, Any]:
+    if automodel_patch.build_accepts_timeout():
+        mesh = importlib.import_module(f"{_DIST}.mesh")
+        context = mesh.MeshContext.build(
+            fsdp2_config,
+            mesh.ParallelismSizes(
+                dp_replicate_size=sizes.dp_replicate, tp_size=sizes.tp, cp_size=sizes.cp, ep_size=sizes.ep, pp_size=1
+            ),
+            world_size=world_size,
+            timeout_minutes=decision.forward_minutes,
+        )
+        return context.device_mesh, context.moe_mesh
+    # 0.3.0 / 0.4.0: the mesh is built the way that pin supports, without a timeout.
+    mesh_utils = importlib.import_module(f"{_DIST}.mesh_utils")
+    return mesh_utils.create_device_mesh(
+        fsdp2_config,
+        dp_replicate_size=sizes.dp_replicate,
+        tp_size=sizes.tp,
+        pp_size=1,
+        cp_size=sizes.cp,
+        ep_size=sizes.ep,
+        world_size=world_size,
+    )
+
+
+def _axis_size(device_mesh: Any, name: str) -> int:
+    if name in device_mesh.mesh_dim_names:
+        return device_mesh[name].size()
+    return device_mesh._get_root_mesh()._flatten_mapping[name].size()
+
+
+def setup_distributed(
+    config: Mapping[str, Any], runtime_config: RuntimeConfig, *, role: cfg.Role = "policy"
+) -> DistributedContext:
+    """Initialize torch.distributed and build the device meshes for one model.
+
+    ``config`` is the model's section (``policy``, or ``value`` for PPO's value
+    model, named by ``role`` in error messages). Every config value is checked
+    before any process group exists. The returned context carries the
+    :class:`~nemo_rl_shim.decision.Decision` that says what happened to the
+    timeout. World size 1 with CPU offload raises ``NotImplementedError``, as
+    in NeMo RL, after tearing the just-created default group down again.
+    """
+    where = f"{role}.automodel_cfg"
+    automodel_cfg = cfg.automodel_cfg({role: config}, role)
+    timeout = cfg.distributed_timeout_minutes(automodel_cfg, where)
+    steady = cfg.distributed_timeout_minutes_after_init(automodel_cfg, where)
+    patch = cfg.patch_automodel(automodel_cfg, where)
+    dtensor_cfg = config.get("dtensor_cfg") or {}
+    sizes = parallel_sizes(dtensor_cfg, f"{role}.dtensor_cfg")
+
+    decision = decide(timeout, cpu_offload=runtime_config.cpu_offload, patch_automodel=patch, where=where)
+    if decision.apply_patch:
+        automodel_patch.apply()
+    if decision.warning:
+        warnings.warn(decision.warning, RuntimeWarning, stacklevel=2)
+
+    init_process_group(cpu_offload=runtime_config.cpu_offload, timeout_minutes=timeout)
+    world_size = dist.get_world_size()
+    if world_size == 1 and runtime_config.cpu_offload:
+        dist.destroy_process_group()
+        raise NotImplementedError(
+            "CPUOffload doesn't work on single GPU for AutoModel. "
+            "If you need this feature, please file an issue on https://github.com/NVIDIA-NeMo/Automodel."
+        )
+
+    fsdp2_config = _fsdp2_config(dtensor_cfg, runtime_config)
+    device_mesh, moe_mesh = _build_meshes(fsdp2_config, sizes, world_size, decision)
+    return DistributedContext(
+        device_mesh=device_mesh,
+        moe_mesh=moe_mesh,
+        fsdp2_config=fsdp2_config,
+        moe_config=_moe_config(dtensor_cfg),
+        dp_size=_axis_size(device_mesh, "dp"),
+        tp_size=_axis_size(device_mesh, "tp"),
+        cp_size=_axis_size(device_mesh, "cp"),
+        decision=decision,
+        timeout_minutes_after_init=steady,
+    )

@@ -1,0 +1,55 @@
+"""Every process group a run created, by name, and what each one is made of."""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed import ProcessGroup
+
+__all__ = ["backend_timeouts", "group_backends", "named_groups"]
+
+
+def _plain(name: Any) -> str:
+    return str(getattr(name, "value", name))  # Automodel's MeshAxisName is a str Enum
+
+
+def named_groups(device_mesh: Any, moe_mesh: Any = None) -> dict[str, ProcessGroup]:
+    """The default group, each mesh axis, each flattened axis, and each MoE mesh axis.
+
+    Names: ``"default"``, the axis name (``"dp_shard"``), the flattened name
+    (``"dp_cp"``), and ``"moe.<axis>"``. Flattened meshes are read from the root
+    mesh's ``_flatten_mapping``, where Automodel and torch both record them.
+    """
+    groups: dict[str, ProcessGroup] = {"default": dist.group.WORLD}
+    if device_mesh is not None:
+        for name in device_mesh.mesh_dim_names:
+            groups[_plain(name)] = device_mesh.get_group(name)
+        root = device_mesh._get_root_mesh() if hasattr(device_mesh, "_get_root_mesh") else device_mesh
+        for name, flat in sorted(getattr(root, "_flatten_mapping", {}).items()):
+            groups.setdefault(_plain(name), flat.get_group())
+    if moe_mesh is not None:
+        for name in moe_mesh.mesh_dim_names:
+            groups[f"moe.{_plain(name)}"] = moe_mesh.get_group(name)
+    return groups
+
+
+def group_backends(group: ProcessGroup) -> dict[str, str]:
+    """``{device type: backend name}`` for every backend registered on ``group``."""
+    backends = {}
+    for device in ("cpu", "cuda"):
+        try:
+            backend = group._get_backend(torch.device(device))
+        except RuntimeError:  # "No backend type associated with device type ..."
+            continue
+        backends[device] = backend.name()
+    return backends
+
+
+def backend_timeouts(group: ProcessGroup) -> dict[str, datetime.timedelta]:
+    """``{device type: timeout}`` read from each backend of ``group`` itself."""
+    return {
+        device: group._get_backend(torch.device(device)).options._timeout for device in group_backends(group)
+    }

@@ -1,0 +1,164 @@
+"""Start N local ranks as processes, bounded in time, and collect every rank's result.
+
+Used by ``nemo-rl-shim preflight`` and by the multi-rank tests. Each rank runs
+``python -m nemo_rl_shim._rank MODULE:FUNCTION`` with the standard launcher
+variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
+``MASTER_PORT``), calls ``FUNCTION(params)`` and writes its JSON result, or its
+traceback, to a file. A rank that fails or a run past its deadline ends every
+rank: nothing is left hanging.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["RankResult", "RanksFailed", "free_port", "spawn_ranks"]
+
+#: After one rank fails, how long the others get to finish before they are killed.
+FAILURE_GRACE_S = 15.0
+
+
+@dataclass
+class RankResult:
+    """One rank's outcome: its JSON result, or the error that ended it."""
+
+    rank: int
+    returncode: int | None
+    result: Any = None
+    error: str | None = None
+    timed_out: bool = False
+    output: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and self.error is None and not self.timed_out
+
+
+class RanksFailed(RuntimeError):
+    """Raised by :func:`spawn_ranks` with ``check=True``; ``results`` holds every rank's outcome."""
+
+    def __init__(self, results: list[RankResult]) -> None:
+        self.results = results
+        lines = []
+        for r in results:
+            if r.ok:
+                continue
+            what = "timed out" if r.timed_out else f"exit {r.returncode}"
+            detail = (r.error or r.output or "").strip().splitlines()[-12:]
+            lines.append(f"rank {r.rank} {what}:\n    " + "\n    ".join(detail))
+        super().__init__("\n".join(lines) or "ranks failed")
+
+
+def free_port() -> int:
+    """A free TCP port on the loopback interface."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _rank_env(rank: int, world_size: int, port: int, extra: Mapping[str, str] | None) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(extra or {})
+    env.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def _kill(processes: list[subprocess.Popen]) -> None:
+    for process in processes:
+        if process.poll() is None:
+            process.kill()
+    for process in processes:
+        process.wait()
+
+
+def _wait(processes: list[subprocess.Popen], timeout_s: float, on_tick: Callable[[float], None] | None) -> bool:
+    """Wait for every process; end them all on the deadline or soon after a failure. True if the deadline hit."""
+    start = time.monotonic()
+    failed_at = None
+    while any(p.poll() is None for p in processes):
+        now = time.monotonic()
+        if failed_at is None and any(p.returncode not in (None, 0) for p in processes):
+            failed_at = now
+        if now - start > timeout_s or (failed_at is not None and now - failed_at > FAILURE_GRACE_S):
+            _kill(processes)
+            return now - start > timeout_s
+        if on_tick is not None:
+            on_tick(now - start)
+        time.sleep(0.05)
+    return False
+
+
+def spawn_ranks(
+    target: str,
+    params: Any = None,
+    *,
+    world_size: int = 2,
+    timeout_s: float = 180.0,
+    env: Mapping[str, str] | None = None,
+    check: bool = True,
+    on_tick: Callable[[float], None] | None = None,
+) -> list[RankResult]:
+    """Run ``target`` (``"module:function"``) on ``world_size`` local ranks; return every rank's result.
+
+    ``params`` must be JSON-serializable; so must the function's return value.
+    ``env`` adds environment variables (``PYTHONPATH`` to shadow a package, say).
+    Every rank is killed at ``timeout_s``. With ``check`` (default), any failed
+    or timed-out rank raises :class:`RanksFailed` naming each rank's error.
+    """
+    if world_size < 1:
+        raise ValueError(f"world_size must be at least 1, got {world_size}")
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="nemo-rl-shim-ranks-") as tmp:
+        out = Path(tmp)
+        (out / "params.json").write_text(json.dumps(params))
+        processes, logs = [], []
+        for rank in range(world_size):
+            log = open(out / f"rank{rank}.log", "w+b")  # noqa: SIM115 - closed below
+            logs.append(log)
+            processes.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "nemo_rl_shim._rank", target, str(out / "params.json"), str(out / f"rank{rank}.json")],
+                    env=_rank_env(rank, world_size, port, env),
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                )
+            )
+        try:
+            timed_out = _wait(processes, timeout_s, on_tick)
+        finally:
+            _kill(processes)
+        results = []
+        for rank, (process, log) in enumerate(zip(processes, logs)):
+            log.seek(0)
+            output = log.read().decode(errors="replace")[-20000:]
+            log.close()
+            result = RankResult(rank, process.returncode, timed_out=timed_out and process.returncode != 0, output=output)
+            path = out / f"rank{rank}.json"
+            if path.exists():
+                payload = json.loads(path.read_text())
+                result.result, result.error = payload.get("result"), payload.get("error")
+            elif process.returncode != 0 and not result.timed_out:
+                result.error = f"rank {rank} exited {process.returncode} before reporting"
+            results.append(result)
+    if check and not all(r.ok for r in results):
+        raise RanksFailed(results)
+    return results
