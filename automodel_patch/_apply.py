@@ -27,14 +27,14 @@ from typing import Any
 
 from automodel_patch import _detect, _override, _target
 
-__all__ = ["ApplyStatus", "MARKER", "apply", "get_original", "is_applied", "patched_names", "revert"]
+__all__ = ["MARKER", "ApplyStatus", "apply", "get_original", "is_applied", "patched_names", "revert"]
 
 MARKER = "__automodel_workaround__"
 WORKAROUND = "keep-cpu-backend"
 REMOVAL_CONDITION = "the automodel pin includes NVIDIA-NeMo/Automodel#4602"
 
 
-class ApplyStatus(str, enum.Enum):
+class ApplyStatus(enum.StrEnum):
     """What :func:`apply` did."""
 
     APPLIED = "applied"
@@ -81,10 +81,8 @@ def patched_names() -> tuple[str, ...]:
 def _replacements(module: Any) -> dict[str, Callable[..., Any]]:
     original = getattr(module, _target.OVERRIDE_NAME)
 
-    def keep_all_backends_override(axes, *, device_type, timeout_minutes):  # noqa: ANN001, ANN202
-        return _override.keep_all_backends_override(
-            axes, device_type=device_type, timeout_minutes=timeout_minutes
-        )
+    def keep_all_backends_override(axes, *, device_type, timeout_minutes):
+        return _override.keep_all_backends_override(axes, device_type=device_type, timeout_minutes=timeout_minutes)
 
     keep_all_backends_override.__doc__ = _override.keep_all_backends_override.__doc__
     replacements = {_target.OVERRIDE_NAME: _mark(keep_all_backends_override, original)}

@@ -131,7 +131,7 @@ def make_init_device_mesh(init_device_mesh: Callable[..., Any]) -> Callable[...,
         **kwargs: Any,
     ) -> Any:
         if backend_override and mesh_dim_names:
-            sizes = dict(zip(mesh_dim_names, mesh_shape))
+            sizes = dict(zip(mesh_dim_names, mesh_shape, strict=True))
             backend_override = _without_reusable(
                 {axis: cfg for axis, cfg in backend_override.items() if axis in sizes}, sizes
             )
@@ -170,7 +170,7 @@ def make_unflatten_compat(unflatten_compat: Callable[..., Any], mesh_utils: Any)
             override = mesh_utils._nccl_backend_override(
                 names, device_type=flat_mesh.device_type, timeout_minutes=timeout_minutes
             )
-            override = _without_reusable(override, dict(zip(names, sizes)))
+            override = _without_reusable(override, dict(zip(names, sizes, strict=True)))
             if override:
                 return flat_mesh._unflatten(axis, sizes, names, backend_override=override)
         return unflatten_compat(flat_mesh, axis, sizes, names, timeout_minutes=timeout_minutes)

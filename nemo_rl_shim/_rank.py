@@ -2,32 +2,38 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import sys
 import traceback
 
+__all__ = ["main"]
 
-def main(argv: list[str]) -> int:
-    target, params_path, out_path = argv
+
+def _run(target: str, params_path: str) -> tuple[dict, int]:
     module_name, _, function_name = target.partition(":")
     try:
         with open(params_path, encoding="utf-8") as handle:
             params = json.load(handle)
         result = getattr(importlib.import_module(module_name), function_name)(params)
-        payload, code = {"result": result}, 0
-    except BaseException:  # noqa: BLE001 - every failure is reported to the parent
-        payload, code = {"error": traceback.format_exc()}, 1
-    finally:
-        import torch.distributed as dist
+    except BaseException:  # every failure, SystemExit included, is reported to the parent
+        return {"error": traceback.format_exc()}, 1
+    return {"result": result}, 0
 
-        if dist.is_available() and dist.is_initialized():
-            try:
-                dist.destroy_process_group()
-            except Exception:  # noqa: BLE001 - a broken group must not hide the result
-                pass
+
+def main(argv: list[str]) -> int:
+    """``TARGET PARAMS_JSON OUT_JSON``: run ``TARGET(params)``, write its result or traceback, tear down."""
+    target, params_path, out_path = argv
+    payload, code = _run(target, params_path)
+    # The result is written before teardown, so a group broken by a timeout cannot hide it.
     with open(out_path, "w", encoding="utf-8") as handle:
         json.dump(payload, handle, default=str)
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
     return code
 
 

@@ -93,9 +93,7 @@ def distributed_timeout_minutes(cfg: Mapping[str, Any], where: str = "policy.aut
     return _positive_minutes(cfg.get("distributed_timeout_minutes"), f"{where}.distributed_timeout_minutes")
 
 
-def distributed_timeout_minutes_after_init(
-    cfg: Mapping[str, Any], where: str = "policy.automodel_cfg"
-) -> float | None:
+def distributed_timeout_minutes_after_init(cfg: Mapping[str, Any], where: str = "policy.automodel_cfg") -> float | None:
     """The validated steady-state timeout, or None to keep the start-up value all run.
 
     It may not exceed ``distributed_timeout_minutes``: the start-up phase is the
@@ -107,9 +105,7 @@ def distributed_timeout_minutes_after_init(
     steady = _positive_minutes(cfg.get("distributed_timeout_minutes_after_init"), key)
     startup = distributed_timeout_minutes(cfg, where)
     if steady is not None and startup is not None and steady > startup:
-        raise ValueError(
-            f"{key} must not exceed {where}.distributed_timeout_minutes ({startup:g}), got {steady:g}"
-        )
+        raise ValueError(f"{key} must not exceed {where}.distributed_timeout_minutes ({startup:g}), got {steady:g}")
     return steady
 
 

@@ -15,7 +15,7 @@ import automodel_patch
 __all__ = ["Action", "Decision", "decide"]
 
 
-class Action(str, enum.Enum):
+class Action(enum.StrEnum):
     """How the timeout reaches the process groups."""
 
     #: No timeout configured: torch's defaults everywhere.

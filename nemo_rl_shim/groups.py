@@ -50,6 +50,4 @@ def group_backends(group: ProcessGroup) -> dict[str, str]:
 
 def backend_timeouts(group: ProcessGroup) -> dict[str, datetime.timedelta]:
     """``{device type: timeout}`` read from each backend of ``group`` itself."""
-    return {
-        device: group._get_backend(torch.device(device)).options._timeout for device in group_backends(group)
-    }
+    return {device: group._get_backend(torch.device(device)).options._timeout for device in group_backends(group)}

@@ -135,7 +135,14 @@ def spawn_ranks(
             logs.append(log)
             processes.append(
                 subprocess.Popen(
-                    [sys.executable, "-m", "nemo_rl_shim._rank", target, str(out / "params.json"), str(out / f"rank{rank}.json")],
+                    [
+                        sys.executable,
+                        "-m",
+                        "nemo_rl_shim._rank",
+                        target,
+                        str(out / "params.json"),
+                        str(out / f"rank{rank}.json"),
+                    ],
                     env=_rank_env(rank, world_size, port, env),
                     stdout=log,
                     stderr=subprocess.STDOUT,
@@ -147,11 +154,13 @@ def spawn_ranks(
         finally:
             _kill(processes)
         results = []
-        for rank, (process, log) in enumerate(zip(processes, logs)):
+        for rank, (process, log) in enumerate(zip(processes, logs, strict=True)):
             log.seek(0)
             output = log.read().decode(errors="replace")[-20000:]
             log.close()
-            result = RankResult(rank, process.returncode, timed_out=timed_out and process.returncode != 0, output=output)
+            result = RankResult(
+                rank, process.returncode, timed_out=timed_out and process.returncode != 0, output=output
+            )
             path = out / f"rank{rank}.json"
             if path.exists():
                 payload = json.loads(path.read_text())

@@ -15,7 +15,14 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-__all__ = ["ALL_RELEASES", "FIXED_FUNCTION_RELEASES", "LEGACY_RELEASES", "ReleaseUnavailable", "release_dir", "release_env"]
+__all__ = [
+    "ALL_RELEASES",
+    "FIXED_FUNCTION_RELEASES",
+    "LEGACY_RELEASES",
+    "ReleaseUnavailable",
+    "release_dir",
+    "release_env",
+]
 
 ALL_RELEASES = ("0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0")
 #: Releases without MeshContext.build(timeout_minutes=) or _nccl_backend_override.
