@@ -24,7 +24,7 @@ from automodel_patch._apply import (
     patched_names,
     revert,
 )
-from automodel_patch._detect import is_supported, keeps_cpu_backend
+from automodel_patch._detect import is_supported, keeps_cpu_backend, reaches_cpu_mesh
 from automodel_patch._override import keep_all_backends_override
 from automodel_patch._target import build_accepts_timeout, installed_version
 
@@ -42,6 +42,7 @@ __all__ = [
     "keep_all_backends_override",
     "keeps_cpu_backend",
     "patched_names",
+    "reaches_cpu_mesh",
     "revert",
 ]
 

@@ -9,6 +9,7 @@ CPU-offload run's default group would, for the duration of one call.
 
 from __future__ import annotations
 
+import datetime
 import functools
 import inspect
 import threading
@@ -28,11 +29,14 @@ __all__ = [
     "is_supported",
     "keeps_cpu_backend",
     "override_keeps_cpu_backend",
+    "override_reaches_cpu_mesh",
+    "reaches_cpu_mesh",
 ]
 
 COMPOSITE_BACKEND = "cuda:nccl,cpu:gloo"
 _PROBE_AXES = ("dp_shard", "tp")
 _EXPECTED_PARAMETERS = ("axes", "device_type", "timeout_minutes")
+_ONE_MINUTE = datetime.timedelta(minutes=1)
 _probe_lock = threading.Lock()
 
 
@@ -60,6 +64,30 @@ def _keeps_cpu(config: Any) -> bool:
     return "cpu" in BackendConfig(backend).get_device_backend_map()
 
 
+@contextmanager
+def _gloo_default_group() -> Iterator[None]:
+    with (
+        _probe_lock,
+        mock.patch.object(dist, "is_initialized", return_value=True),
+        mock.patch.object(dist, "get_backend", return_value="gloo"),
+    ):
+        yield
+
+
+def override_reaches_cpu_mesh(function: Callable[..., Any]) -> bool:
+    """Call ``function`` for a CPU mesh under a reported ``"gloo"`` default group.
+
+    True when it overrides every axis with options carrying the requested
+    timeout, so the sub-groups of a CPU-only run get it. Upstream returns None
+    for any non-CUDA mesh, leaving them at gloo's 30-minute default.
+    """
+    with _gloo_default_group():
+        override = function(_PROBE_AXES, device_type="cpu", timeout_minutes=1)
+    if not override or set(override) != set(_PROBE_AXES):
+        return False
+    return all(getattr(options, "_timeout", None) == _ONE_MINUTE for _, options in override.values())
+
+
 def override_keeps_cpu_backend(function: Callable[..., Any]) -> bool:
     """Call ``function`` under a reported composite default group and inspect its answer.
 
@@ -74,6 +102,23 @@ def override_keeps_cpu_backend(function: Callable[..., Any]) -> bool:
 def _cached_probe(function: Callable[..., Any]) -> bool:
     # Keyed on the function object: a patch or revert swaps it and so re-probes.
     return override_keeps_cpu_backend(function)
+
+
+@functools.cache
+def _cached_cpu_mesh_probe(function: Callable[..., Any]) -> bool:
+    return override_reaches_cpu_mesh(function)
+
+
+def reaches_cpu_mesh() -> bool:
+    """Whether the *installed* override gives the sub-groups of a CPU (gloo) mesh the timeout.
+
+    Matters only where the default group is plain ``"gloo"`` (no GPU): there
+    upstream forwards the timeout to the default group alone. Cached like
+    :func:`keeps_cpu_backend`; False when the function is absent.
+    """
+    if not is_supported():
+        return False
+    return _cached_cpu_mesh_probe(getattr(_target.load_mesh_utils(), _target.OVERRIDE_NAME))
 
 
 def is_supported() -> bool:

@@ -70,6 +70,9 @@ def installed_version() -> Version | None:
         except PackageNotFoundError:
             return None
     try:
-        return Version(str(text))
+        version = Version(str(text))
     except InvalidVersion:
         return None
+    # package_info appends "+<sha>" of whatever git checkout encloses the installed files
+    # (here: this project's own repository, since .venv lives in it), so keep the public part.
+    return Version(version.public)

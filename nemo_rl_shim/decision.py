@@ -10,6 +10,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+import torch
+
 import automodel_patch
 
 __all__ = ["Action", "Decision", "decide"]
@@ -66,6 +68,7 @@ def decide(
     cpu_offload: bool,
     patch_automodel: bool = True,
     where: str = "policy.automodel_cfg",
+    cpu_mesh: bool | None = None,
 ) -> Decision:
     """Decide how ``timeout_minutes`` (already validated) reaches the process groups.
 
@@ -75,6 +78,11 @@ def decide(
     * pin that drops it, CPU offload off: forward, nothing is lost;
     * pin that drops it, CPU offload on: apply the fork fix and forward; with
       ``patch_automodel: false``, or when the fix cannot apply, do not forward, and warn.
+
+    ``cpu_mesh`` (default: no CUDA device here) means the default group is plain
+    ``"gloo"``. Upstream then forwards the timeout to the default group alone, so
+    the fork fix is applied there too; with ``patch_automodel: false`` the
+    timeout is still forwarded, with a warning that sub-groups keep gloo's default.
     """
 
     def make(action: Action, reason: str, warning: str | None = None) -> Decision:
@@ -82,31 +90,46 @@ def decide(
 
     if timeout_minutes is None:
         return make(Action.NO_TIMEOUT, f"{where}.distributed_timeout_minutes is unset: torch's defaults apply")
+    version = automodel_patch.installed_version()
     if not automodel_patch.build_accepts_timeout():
-        version = automodel_patch.installed_version()
         return make(
             Action.DEFAULT_GROUP_ONLY,
             f"nemo-automodel {version} has no MeshContext.build(timeout_minutes=)",
             f"nemo-automodel {version} cannot pass a timeout to its mesh sub-groups: only the default group gets "
             f"{timeout_minutes:g} min; sub-groups keep torch's default (10 min NCCL, 30 min Gloo).",
         )
+    if cpu_mesh is None:
+        cpu_mesh = not torch.cuda.is_available()
     source = _cpu_half_source()
-    if source is not None:
-        return make(Action.FORWARD, f"the installed Automodel keeps the CPU half {source}")
-    if not cpu_offload:
+    drops_cpu_half = cpu_offload and source is None
+    misses_cpu_mesh = cpu_mesh and not automodel_patch.reaches_cpu_mesh()
+    if not (drops_cpu_half or misses_cpu_mesh):
+        if source is not None:
+            return make(Action.FORWARD, f"the installed Automodel keeps the CPU half {source}")
         return make(Action.FORWARD, "the installed Automodel drops the CPU half, but CPU offload is off")
+
+    if drops_cpu_half:
+        problem = "CPU offload is on and the installed Automodel drops the CPU half"
+    else:
+        problem = "on a CPU (gloo) mesh the installed Automodel passes no timeout to the mesh sub-groups"
+    # The fork fix replaces only an override that drops the CPU half; apply() reports NOT_NEEDED otherwise.
+    if patch_automodel and source is None and automodel_patch.is_supported():
+        return make(Action.PATCH_AND_FORWARD, problem)
+
     if not patch_automodel:
+        why = f"{where}.patch_automodel is false"
+    else:
+        why = f"the fork fix cannot apply to nemo-automodel {version}"
+    if drops_cpu_half:
         return make(
             Action.NOT_FORWARDED,
-            f"CPU offload is on, the installed Automodel drops the CPU half, and {where}.patch_automodel is false",
-            f"{where}.patch_automodel is false and the installed nemo-automodel would build NCCL-only mesh "
-            f"sub-groups under CPU offload: the {timeout_minutes:g} min timeout reaches the default group only.",
+            f"{problem}, and {why}",
+            f"{why} and the installed nemo-automodel would build NCCL-only mesh sub-groups under CPU offload: "
+            f"the {timeout_minutes:g} min timeout reaches the default group only.",
         )
-    if not automodel_patch.is_supported():
-        return make(
-            Action.NOT_FORWARDED,
-            "CPU offload is on and the fork fix cannot apply to the installed Automodel",
-            f"the fork fix cannot apply to nemo-automodel {automodel_patch.installed_version()}: the "
-            f"{timeout_minutes:g} min timeout reaches the default group only.",
-        )
-    return make(Action.PATCH_AND_FORWARD, "CPU offload is on and the installed Automodel drops the CPU half")
+    return make(
+        Action.FORWARD,
+        f"{problem}, and {why}",
+        f"{why}: on this CPU (gloo) mesh the {timeout_minutes:g} min timeout reaches the default group only; "
+        "sub-groups keep gloo's 30-minute default.",
+    )

@@ -1,0 +1,156 @@
+"""The per-rank half of ``nemo-rl-shim preflight``: real set-up, then one row of facts per process group.
+
+:func:`check_rank` runs on every rank, either spawned by
+:func:`nemo_rl_shim.launch.spawn_ranks` or under torchrun / srun. It calls the
+real :func:`~nemo_rl_shim.distributed_setup.setup_distributed`, then reads each
+process group's ranks, backend per device and timeout per backend from the
+group itself, and runs a CPU and a CUDA all-reduce on it. With CPU offload it
+also shards a parameter with FSDP2's ``CPUOffloadPolicy`` on the ``dp`` mesh
+and rebuilds it with ``full_tensor()``. Failures are recorded, not raised, so
+the parent can name them; the rank leaves its process groups up (the caller
+tears them down after gathering).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from nemo_rl_shim.distributed_setup import RuntimeConfig, setup_distributed
+from nemo_rl_shim.groups import backend_timeouts, group_backends, named_groups
+from nemo_rl_shim.timeouts import after_first_step
+
+__all__ = ["OFFLOAD_METHOD", "check_rank"]
+
+OFFLOAD_METHOD = "fully_shard(mesh=dp, offload_policy=CPUOffloadPolicy(pin_memory=False)) on an nn.Linear"
+
+
+def _minutes(group: Any) -> dict[str, float]:
+    return {device: timeout.total_seconds() / 60 for device, timeout in backend_timeouts(group).items()}
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}".strip()
+
+
+def _all_reduce(group: Any, device: torch.device) -> str:
+    """Sum of (rank + 1) over ``group`` on ``device``: ``"ok"`` or ``"failed: ..."``."""
+    ranks = dist.get_process_group_ranks(group)
+    value = torch.full((1,), float(dist.get_rank() + 1), device=device)
+    try:
+        dist.all_reduce(value, group=group)
+    except Exception as e:  # the failure is the finding: report it to the parent
+        return f"failed: {_first_line(e)}"
+    expected = float(sum(rank + 1 for rank in ranks))
+    return "ok" if value.item() == expected else f"failed: sum {value.item():g}, expected {expected:g}"
+
+
+def _cpu_all_reduce(group: Any, backends: dict[str, str], cpu_offload: bool) -> str:
+    # Without CPU offload an NCCL-only group is correct and a CPU collective on it is not
+    # expected to work; under CPU offload the attempt is the regression check itself.
+    if "cpu" not in backends and not cpu_offload:
+        return "n/a (no CPU backend)"
+    return _all_reduce(group, torch.device("cpu"))
+
+
+def _cuda_all_reduce(group: Any, backends: dict[str, str]) -> str:
+    if not torch.cuda.is_available():
+        return "n/a (no CUDA device)"
+    if "cuda" not in backends:
+        return "failed: no CUDA backend on the group"
+    return _all_reduce(group, torch.device("cuda", torch.cuda.current_device()))
+
+
+def _group_row(name: str, group: Any, cpu_offload: bool) -> dict[str, Any]:
+    backends = group_backends(group)
+    return {
+        "group": name,
+        "ranks": dist.get_process_group_ranks(group),
+        "is_default": group is dist.group.WORLD,
+        "backends": backends,
+        "timeout_minutes": _minutes(group),
+        "cpu_all_reduce": _cpu_all_reduce(group, backends, cpu_offload),
+        "cuda_all_reduce": _cuda_all_reduce(group, backends),
+        "timeout_minutes_after_init": None,
+    }
+
+
+def _dp_mesh(device_mesh: Any) -> Any:
+    if "dp" in device_mesh.mesh_dim_names:
+        return device_mesh["dp"]
+    return device_mesh._get_root_mesh()._flatten_mapping["dp"]
+
+
+def _offload_check(device_mesh: Any) -> dict[str, Any]:
+    """Shard a CPU-offloaded parameter on the dp mesh and rebuild it with ``full_tensor()``."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+
+    dp = _dp_mesh(device_mesh)
+    facts: dict[str, Any] = {"method": OFFLOAD_METHOD, "mesh": "dp", "mesh_ranks": dp.mesh.flatten().tolist()}
+    torch.manual_seed(0)  # same reference weight on every rank
+    module = torch.nn.Linear(4, 2 * dp.size(), bias=False)
+    reference = module.weight.detach().clone()
+    try:
+        fully_shard(module, mesh=dp, offload_policy=CPUOffloadPolicy(pin_memory=False))
+        local = module.weight.to_local()
+        facts.update(local_device=str(local.device), local_shape=list(local.shape))
+        full = module.weight.full_tensor()
+        facts.update(full_shape=list(full.shape), ok=bool(torch.equal(full.cpu(), reference)))
+        if not facts["ok"]:
+            facts["error"] = "full_tensor() differs from the unsharded weight"
+    except Exception as e:  # "No backend type associated with device type cpu" is the regression
+        facts.update(ok=False, error=_first_line(e))
+    return facts
+
+
+def _decision(decision: Any) -> dict[str, Any]:
+    return {
+        "action": decision.action.value,
+        "reason": decision.reason,
+        "warning": decision.warning,
+        "timeout_minutes": decision.timeout_minutes,
+    }
+
+
+def check_rank(params: dict[str, Any]) -> dict[str, Any]:
+    """Set up this rank for real and return its facts; see the module docstring.
+
+    ``params``: ``section`` (the role's config section), ``role``, ``cpu_offload``,
+    and the fault injection ``stall_rank`` / ``stall_s``: that rank sleeps
+    ``stall_s`` seconds after set-up, so its peers wait in a collective on it.
+    """
+    rank = int(os.environ["RANK"])
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    # The decision's warning is in the report; recorded here so it is not printed once per rank.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", RuntimeWarning)
+        context = setup_distributed(
+            params["section"], RuntimeConfig(cpu_offload=params["cpu_offload"]), role=params.get("role", "policy")
+        )
+    if params.get("stall_rank") == rank:
+        print(f"rank {rank}: stalling {params.get('stall_s', 0.0):g} s after set-up (fault injection)", flush=True)
+        time.sleep(float(params.get("stall_s", 0.0)))
+    groups = named_groups(context.device_mesh, context.moe_mesh)
+    rows = [_group_row(name, group, params["cpu_offload"]) for name, group in groups.items()]
+    offload = _offload_check(context.device_mesh) if params["cpu_offload"] else None
+    if after_first_step(context):
+        for row, group in zip(rows, groups.values(), strict=True):
+            row["timeout_minutes_after_init"] = _minutes(group)
+    return {
+        "rank": rank,
+        "world_size": dist.get_world_size(),
+        "default_backend": str(dist.get_backend()),
+        "device": "cuda" if torch.cuda.is_available() else "cpu",
+        "decision": _decision(context.decision),
+        "timeout_minutes_after_init": context.timeout_minutes_after_init,
+        "rows": rows,
+        "offload": offload,
+        "warnings": [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)],
+    }

@@ -1,0 +1,245 @@
+"""The report of ``nemo-rl-shim preflight``: what is wrong (one line), and the table.
+
+:class:`PreflightReport` holds every rank's result as :func:`nemo_rl_shim.preflight.check_rank`
+returned it (or the rank's failure); :func:`find_problems` reads the configured values
+from the options and lists every mismatch; :func:`render_report` prints the table.
+Pure functions of data: nothing here touches torch.distributed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from nemo_rl_shim.preflight import PreflightOptions
+
+__all__ = ["COLUMNS", "PreflightReport", "find_problems", "render_report"]
+
+
+@dataclass
+class PreflightReport:
+    """Every rank's result (or failure) and what is wrong with them."""
+
+    launcher: str
+    world_size: int
+    options: PreflightOptions
+    ranks: list[dict[str, Any]]
+    wall_s: float
+    note: str | None = None
+    timed_out: bool = False
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    @property
+    def problem(self) -> str | None:
+        """One line: the first problem, and how many more there are."""
+        if not self.problems:
+            return None
+        more = len(self.problems) - 1
+        return self.problems[0] + (f" (+{more} more problem{'s' * (more > 1)})" if more else "")
+
+    def to_json(self) -> dict[str, Any]:
+        first = next((r for r in self.ranks if "rows" in r), {})
+        return {
+            "ok": self.ok,
+            "problem": self.problem,
+            "problems": self.problems,
+            "launcher": self.launcher,
+            "world_size": self.world_size,
+            "note": self.note,
+            "timed_out": self.timed_out,
+            "wall_s": round(self.wall_s, 2),
+            "role": self.options.role,
+            "section": self.options.section,
+            "cpu_offload": self.options.cpu_offload,
+            "timeout_minutes": self.options.timeout_minutes,
+            "timeout_minutes_after_init": self.options.timeout_minutes_after_init,
+            "decision": first.get("decision"),
+            "default_backend": first.get("default_backend"),
+            "ranks": self.ranks,
+        }
+
+
+#: A problem before merging: (what is wrong, group name or None, rank).
+_Found = tuple[str, "str | None", int]
+
+
+def _plural(word: str, items: list[Any]) -> str:
+    return f"{word}{'s' * (len(items) > 1)} {', '.join(map(str, items))}"
+
+
+def _merge(found: list[_Found]) -> list[str]:
+    """One line per distinct problem, naming every group and rank it occurred on, in first-seen order."""
+    merged: dict[str, tuple[list[str], list[int]]] = {}
+    for detail, group, rank in found:
+        groups, ranks = merged.setdefault(detail, ([], []))
+        if group is not None and group not in groups:
+            groups.append(group)
+        if rank not in ranks:
+            ranks.append(rank)
+    return [
+        (f"{_plural('group', groups)}: " if groups else "") + f"{detail} ({_plural('rank', ranks)})"
+        for detail, (groups, ranks) in merged.items()
+    ]
+
+
+def _fmt(minutes: float) -> str:
+    return f"{minutes:g} min"
+
+
+def _off_timeouts(row: dict[str, Any], key: str, expected: float | None, when: str) -> list[str]:
+    """``"cpu:gloo,cuda:gloo has 30 min, configured 45 min"`` per distinct wrong value on the row's backends."""
+    if expected is None or row.get(key) is None:
+        return []
+    wrong: dict[float, list[str]] = {}
+    for device, timeout in row[key].items():
+        if timeout != expected:
+            wrong.setdefault(timeout, []).append(f"{device}:{row['backends'].get(device, '?')}")
+    return [f"{','.join(b)} has {_fmt(t)}{when}, configured {_fmt(expected)}" for t, b in wrong.items()]
+
+
+def _row_problems(row: dict[str, Any], startup: float | None, steady: float | None, offload: bool) -> list[str]:
+    found = _off_timeouts(row, "timeout_minutes", startup, "")
+    if offload and "cpu" not in row["backends"]:
+        backends = ",".join(f"{d}:{b}" for d, b in row["backends"].items()) or "none"
+        found.append(f"no CPU backend under CPU offload (backends {backends})")
+    for kind in ("cpu", "cuda"):
+        outcome = row[f"{kind}_all_reduce"]
+        if outcome.startswith("failed"):
+            found.append(f"{kind.upper()} all_reduce {outcome}")
+    return found + _off_timeouts(row, "timeout_minutes_after_init", steady, " after init")
+
+
+def _last_line(text: str | None) -> str:
+    lines = [line for line in (text or "").strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else "no output"
+
+
+def find_problems(ranks: list[dict[str, Any]], options: PreflightOptions, timed_out: bool = False) -> list[str]:
+    """Everything wrong with the gathered rank results, one line each, the most telling first."""
+    if timed_out:
+        stuck = [r["rank"] for r in ranks if "rows" not in r]
+        return [
+            f"{_plural('rank', stuck)} did not finish within {options.timeout_s:g} s (--timeout-s): "
+            "a rank is stuck at start-up or in a collective"
+        ]
+    failed: list[_Found] = [
+        (f"rank failed: {_last_line(r.get('error'))}", None, r["rank"]) for r in ranks if "rows" not in r
+    ]
+    if failed:  # a rank's own error before "killed after a peer failed" and the like
+        return _merge(sorted(failed, key=lambda f: "before reporting" in f[0]))
+    startup, steady = options.timeout_minutes, options.timeout_minutes_after_init
+    found: list[_Found] = []
+    for result in ranks:
+        for row in result["rows"]:
+            problems = _row_problems(row, startup, steady, options.cpu_offload)
+            found += [(p, row["group"], result["rank"]) for p in problems]
+        offload = result.get("offload")
+        if offload is not None and not offload.get("ok"):
+            detail = f"full_tensor() of a CPU-offloaded parameter on mesh dp failed: {offload.get('error')}"
+            found.append((detail, None, result["rank"]))
+    return _merge(found)
+
+
+# --- rendering -------------------------------------------------------------------------------
+
+#: Columns of the group table, in order.
+COLUMNS = ("group", "ranks", "backends", "timeout", "after init", "cpu all_reduce", "cuda all_reduce")
+
+
+def _timeouts(minutes: dict[str, float] | None) -> str:
+    if minutes is None:
+        return "-"
+    values = set(minutes.values())
+    if len(values) == 1:
+        return _fmt(values.pop())
+    return " / ".join(f"{device} {value:g}" for device, value in minutes.items()) + " min"
+
+
+def _cells(row: dict[str, Any]) -> dict[str, str]:
+    return {
+        "ranks": ",".join(map(str, row["ranks"])),
+        "backends": ",".join(f"{d}:{b}" for d, b in row["backends"].items()) or "none",
+        "timeout": _timeouts(row["timeout_minutes"]),
+        "after init": _timeouts(row.get("timeout_minutes_after_init")),
+        "cpu all_reduce": row["cpu_all_reduce"],
+        "cuda all_reduce": row["cuda_all_reduce"].replace(" (no CUDA device)", ""),
+    }
+
+
+def _table(ranks: list[dict[str, Any]]) -> list[list[str]]:
+    """One line per group; a cell whose value differs between ranks lists each rank's value."""
+    per_group: dict[str, list[dict[str, str]]] = {}
+    for result in ranks:
+        for row in result["rows"]:
+            per_group.setdefault(row["group"], []).append({"rank": str(result["rank"]), **_cells(row)})
+    lines = []
+    for name, cells in per_group.items():
+        line = [name]
+        for column in COLUMNS[1:]:
+            values = list(dict.fromkeys(c[column] for c in cells))
+            if column == "ranks":
+                line.append(" | ".join(values))
+            else:
+                line.append(values[0] if len(values) == 1 else "; ".join(f"r{c['rank']}: {c[column]}" for c in cells))
+        lines.append(line)
+    return lines
+
+
+def _format_table(lines: list[list[str]]) -> list[str]:
+    rows = [list(COLUMNS), *lines]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+
+
+def _offload_line(ranks: list[dict[str, Any]]) -> str:
+    facts = [r["offload"] for r in ranks if r.get("offload") is not None]
+    if not facts:
+        return "CPU offload: off (no full_tensor() check)"
+    first = facts[0]
+    outcome = "ok on every rank" if all(f.get("ok") for f in facts) else "FAILED"
+    shapes = f"{first.get('local_device', '?')} shards {tuple(first.get('local_shape', ()))}"
+    return (
+        f"CPU offload: {first['method']}, mesh dp ranks {','.join(map(str, first['mesh_ranks']))}: "
+        f"{shapes} -> full_tensor() {tuple(first.get('full_shape', ()))}: {outcome}"
+    )
+
+
+def render_report(report: PreflightReport) -> str:
+    """The text ``nemo-rl-shim preflight`` prints."""
+    options = report.options
+    startup, steady = options.timeout_minutes, options.timeout_minutes_after_init
+    head = [f"preflight: {report.world_size} ranks ({report.launcher}), {options.role} section"]
+    if report.note:
+        head.append(f"note: {report.note}")
+    head.append(
+        f"timeouts: start-up {_fmt(startup) if startup is not None else 'unset (torch defaults)'}; after init "
+        f"{_fmt(steady) if steady is not None else 'unset (start-up value kept all run)'}"
+    )
+    complete = [r for r in report.ranks if "rows" in r]
+    if complete and len(complete) == len(report.ranks):
+        first = complete[0]
+        decision = first["decision"]
+        head += [
+            f"default group: {first['default_backend']} on {first['device']}; CPU offload "
+            f"{'on' if options.cpu_offload else 'off'}",
+            f"decision: {decision['action']}: {decision['reason']}",
+            *([f"warning: {decision['warning']}"] if decision["warning"] else []),
+            "",
+            *_format_table(_table(complete)),
+            "(ranks '0 | 1': a separate group on each rank)",
+            "",
+            _offload_line(complete),
+        ]
+    if report.ok:  # a failure is the caller's one line (PreflightReport.problem), not repeated here
+        head.append(
+            "OK: every group carries the configured timeout on every backend; collectives work"
+            if startup is not None
+            else "OK: collectives work (no timeout configured: torch's defaults apply)"
+        )
+    head.append(f"wall: {report.wall_s:.1f} s")
+    return "\n".join(head)

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# GPU regression check for a machine that has a CUDA build of torch but not nemo-automodel.
+#
+# What it runs, from the repository root, each step bounded in time:
+#   1. nemo-rl-shim status                    (versions, what setup_distributed would decide)
+#   2. pytest -m gpu tests/test_gpu.py        (real NCCL + Gloo, FSDP2 CPU offload, fork fix)
+#   3. nemo-rl-shim preflight                 (one rank per GPU when there are 2 or more)
+#
+# Wheels: fetched beforehand on a machine with package-index access, for the GPU machine's
+# Python (here 3.11) and platform, versions as in uv.lock:
+#
+#   uv run python -m pip download --no-deps --only-binary=:all: \
+#       --python-version 3.11 --platform manylinux2014_x86_64 -d wheels \
+#       nemo-automodel==0.7.0 megatron-fsdp==0.5.0 \
+#       pyyaml==6.0.4 packaging==26.4 pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1 pygments==2.21.0
+#
+# nemo-automodel's mesh modules need megatron-fsdp (imported by its distributed package);
+# pyyaml and packaging are this project's own dependencies; pytest, pluggy, iniconfig and pygments run
+# the tests. Everything else they import comes with torch. Copy wheels/ next to the
+# repository, then:
+#
+#   scripts/gpu_check.sh [WHEEL_DIR]        # default: ./wheels
+#
+# The wheels are installed with --no-deps into a folder put first on PYTHONPATH (nothing is
+# installed into the machine's Python). Environment:
+#   PYTHON                 interpreter with torch (default: python3)
+#   GPU_CHECK_TARGET       install folder (default: a temporary folder, removed on exit)
+#   GPU_CHECK_TIMEOUT_S    bound on each step in seconds (default: 900)
+# Exit status: that of the first failing step, 124 when a step ran past its bound.
+set -euo pipefail
+
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+wheels="$(cd "${1:-wheels}" && pwd)"
+python="${PYTHON:-python3}"
+if [ -n "${GPU_CHECK_TARGET:-}" ]; then
+    target="$GPU_CHECK_TARGET"
+else
+    target="$(mktemp -d -t nemo-rl-shim-gpu-check.XXXXXX)"
+    trap 'rm -rf "$target"' EXIT
+fi
+limit="${GPU_CHECK_TIMEOUT_S:-900}"
+
+shopt -s nullglob
+files=("$wheels"/*.whl)
+if [ "${#files[@]}" -eq 0 ]; then
+    echo "gpu_check: no wheels in $wheels (see the header of $0 for how to get them)" >&2
+    exit 2
+fi
+if ! "$python" -c "import torch" 2>/dev/null; then
+    echo "gpu_check: $python cannot import torch; set PYTHON to an interpreter that has it" >&2
+    exit 2
+fi
+
+rm -rf "$target"
+if "$python" -m pip --version >/dev/null 2>&1; then
+    "$python" -m pip install --quiet --no-deps --no-index --target "$target" "${files[@]}"
+else  # no pip: a wheel is a zip archive laid out for site-packages
+    for wheel in "${files[@]}"; do "$python" -m zipfile -e "$wheel" "$target"; done
+fi
+
+export PYTHONPATH="$target:$repo${PYTHONPATH:+:$PYTHONPATH}"
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+cd "$repo"
+command -v nvidia-smi >/dev/null && nvidia-smi -L || true
+"$python" -c "import nemo_automodel, sys; sys.exit(0 if nemo_automodel.__file__.startswith('$target') else 1)" || {
+    echo "gpu_check: nemo_automodel is not imported from $target" >&2
+    exit 2
+}
+
+step() {
+    echo "== $*"
+    timeout --kill-after=30 "$limit" "$@"
+}
+step "$python" -m nemo_rl_shim status
+step "$python" -m pytest -m gpu tests/test_gpu.py -v -rs -p no:cacheprovider
+# preflight's own bound is shorter, so that a stuck rank is reported rather than killed.
+step "$python" -m nemo_rl_shim preflight --timeout-s "$((limit > 120 ? limit - 60 : limit))"

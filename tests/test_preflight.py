@@ -1,0 +1,290 @@
+"""``nemo-rl-shim preflight``: the real command on real gloo ranks, and its pure parts.
+
+Multi-rank scenarios, one process launch each (every one bounded by a
+subprocess timeout), on this CPU machine with the installed nemo-automodel:
+
+* the default run (``nemo-rl-shim preflight``, no arguments): spawned ranks, table, exit 0;
+* a stalled rank (fault injection): the run ends at ``--timeout-s`` with one line;
+* torchrun (``python -m torch.distributed.run``, i.e. ``torchrun``) with a NeMo RL
+  YAML's ``value`` section: joins that world, rank 0 prints every rank's rows;
+* srun-style ranks with ``--no-patch``: the fork fix turned off on 0.7.0 leaves the
+  CPU sub-groups at gloo's 30-minute default; every rank exits 1, one line says why.
+
+The rest (options, rank planning, launcher detection, problem finding) is pure
+and tested directly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nemo_rl_shim import preflight
+from nemo_rl_shim.launch import free_port
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+RUN_TIMEOUT_S = 420  # bound on each launched command; ranks import torch + Automodel on a contended CPU
+STALL_TIMEOUT_S = 150  # --timeout-s of the stall scenario: set-up fits, the stall (1 h) does not
+STARTUP_MIN, STEADY_MIN = 40.0, 10.0  # not 30: that is gloo's default and would prove nothing
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TORCHELASTIC_"))}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    return {**env, "OMP_NUM_THREADS": "1", **extra}
+
+
+def _command() -> list[str]:
+    """The installed console script when present, else ``python -m nemo_rl_shim``."""
+    script = Path(sys.executable).with_name("nemo-rl-shim")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "nemo_rl_shim"]
+
+
+def _run(args: list[str], **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        args, cwd=REPO_ROOT, env=_env(**env), capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False
+    )
+
+
+def _table(stdout: str) -> dict[str, list[str]]:
+    """The group table of the text report: {group: cells}."""
+    lines = stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("group "))
+    header = lines[start]
+    columns = [header.index(name) for name in preflight.COLUMNS]
+    rows = {}
+    for line in lines[start + 1 :]:
+        if not line.strip() or line.startswith("("):
+            break
+        cells = [line[a:b].strip() for a, b in zip(columns, [*columns[1:], None], strict=True)]
+        rows[cells[0]] = cells
+    return rows
+
+
+def _failure_line(stderr: str) -> str:
+    """The one line a failed run ends with; asserting it is the only ``FAILED`` line."""
+    failed = [line for line in stderr.splitlines() if "FAILED" in line]
+    assert len(failed) == 1, stderr
+    assert stderr.rstrip().splitlines()[-1] == failed[0]
+    return failed[0]
+
+
+# --- real runs --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def default_run() -> subprocess.CompletedProcess[str]:
+    return _run([*_command(), "preflight"])
+
+
+@pytest.mark.multiprocess
+def test_default_run_exits_0_with_45_minutes_on_every_group(default_run):
+    assert default_run.returncode == 0, default_run.stderr[-3000:]
+    rows = _table(default_run.stdout)
+    assert {"default", "pp", "dp_replicate", "dp_shard", "cp", "tp", "dp", "dp_cp", "dp_shard_cp"} <= set(rows)
+    timeout, cpu, cuda = (preflight.COLUMNS.index(c) for c in ("timeout", "cpu all_reduce", "cuda all_reduce"))
+    assert {name: cells[timeout] for name, cells in rows.items() if cells[timeout] != "45 min"} == {}
+    assert {cells[cpu] for cells in rows.values()} == {"ok"}
+    assert {cells[cuda] for cells in rows.values()} == {"n/a"}  # no GPU here
+    assert "decision: patch_and_forward" in default_run.stdout
+    assert "full_tensor() (4, 4): ok on every rank" in default_run.stdout
+
+
+@pytest.mark.multiprocess
+def test_default_run_reports_progress_on_stderr(default_run):
+    assert "preflight: starting 2 CPU ranks (importing Automodel takes ~10 s)..." in default_run.stderr
+
+
+@pytest.mark.multiprocess
+def test_stalled_rank_ends_the_run_at_timeout_s_with_one_line():
+    stall = ["--stall-rank", "1", "--stall-s", "3600"]
+    done = _run([*_command(), "preflight", "--json", "--timeout-s", str(STALL_TIMEOUT_S), *stall])
+    assert done.returncode == 1, done.stderr[-3000:]
+    line = _failure_line(done.stderr)
+    assert f"did not finish within {STALL_TIMEOUT_S} s (--timeout-s)" in line
+    report = json.loads(done.stdout)
+    assert report["timed_out"] is True and report["ok"] is False
+    # The stalled rank got through set-up: the time-out is the stall's, not a slow start.
+    assert "stalling 3600 s after set-up (fault injection)" in report["ranks"][1]["output"]
+
+
+@pytest.mark.multiprocess
+def test_torchrun_joins_the_world_and_rank_0_prints_every_rank(tmp_path):
+    config = tmp_path / "ppo.yaml"
+    config.write_text(
+        "policy:\n  automodel_cfg:\n    distributed_timeout_minutes: 99\n"
+        f"value:\n  automodel_cfg:\n    distributed_timeout_minutes: {STARTUP_MIN}\n"
+        f"    distributed_timeout_minutes_after_init: {STEADY_MIN}\n  dtensor_cfg:\n    cpu_offload: true\n"
+    )
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                "--master-addr", "127.0.0.1", "--master-port", str(free_port())]  # fmt: skip
+    done = _run([*torchrun, "-m", "nemo_rl_shim", "preflight", "--json", "--config", str(config), "--role", "value"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    assert (report["launcher"], report["world_size"], report["role"]) == ("torchrun", 2, "value")
+    assert [r["rank"] for r in report["ranks"]] == [0, 1]  # gathered from both ranks
+    for rank in report["ranks"]:
+        for row in rank["rows"]:
+            assert set(row["timeout_minutes"].values()) == {STARTUP_MIN}, row
+            assert set(row["timeout_minutes_after_init"].values()) == {STEADY_MIN}, row
+            assert row["cpu_all_reduce"] == "ok", row
+        assert rank["offload"]["ok"], rank["offload"]
+
+
+@pytest.mark.multiprocess
+def test_no_patch_on_0_7_0_leaves_cpu_subgroups_at_gloo_default_and_every_rank_fails():
+    # srun is the boundary we lack: these are the variables it gives each task.
+    port = str(free_port())
+    ranks = [
+        subprocess.Popen(
+            [*_command(), "preflight", "--no-patch", "--json"],
+            cwd=REPO_ROOT,
+            env=_env(
+                SLURM_PROCID=str(r), SLURM_NTASKS="2", SLURM_LOCALID=str(r), MASTER_ADDR="127.0.0.1", MASTER_PORT=port
+            ),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(2)
+    ]
+    outputs = []
+    try:
+        outputs = [p.communicate(timeout=RUN_TIMEOUT_S) for p in ranks]
+    finally:
+        for p in ranks:
+            p.kill()
+    assert [p.returncode for p in ranks] == [1, 1], outputs[0][1][-3000:]
+    (stdout, stderr), (other_stdout, _) = outputs
+    assert other_stdout == ""  # rank 0 alone prints
+    report = json.loads(stdout)
+    assert (report["launcher"], report["decision"]["action"]) == ("slurm", "not_forwarded")
+    line = _failure_line(stderr)
+    assert "has 30 min, configured 45 min (ranks 0, 1)" in line
+    assert line.startswith("preflight: FAILED: groups pp, dp_replicate, cp, tp: ")
+
+
+# --- pure parts -------------------------------------------------------------------------------
+
+
+def test_build_options_default_is_45_minutes_cpu_offload_patch_on():
+    options = preflight.build_options()
+    assert (options.timeout_minutes, options.timeout_minutes_after_init, options.cpu_offload) == (45.0, None, True)
+    assert options.section["automodel_cfg"]["patch_automodel"] is True
+    assert preflight.build_options().section is not preflight.DEFAULT_SECTION
+
+
+def test_build_options_flags_override_the_config_section(tmp_path):
+    config = tmp_path / "grpo.yaml"
+    config.write_text(
+        "policy:\n  automodel_cfg:\n    distributed_timeout_minutes: 20\n  dtensor_cfg:\n    tensor_parallel_size: 2\n"
+    )
+    options = preflight.build_options(
+        str(config), overrides={"timeout_minutes": 60, "cpu_offload": False, "cp": 2, "tp": None}, patch=False
+    )
+    assert options.section == {
+        "automodel_cfg": {"distributed_timeout_minutes": 60, "patch_automodel": False},
+        "dtensor_cfg": {"tensor_parallel_size": 2, "context_parallel_size": 2, "cpu_offload": False},
+    }
+    assert options.cpu_offload is False
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"overrides": {"timeout_minutes": 0}}, "policy.automodel_cfg.distributed_timeout_minutes must be a positive"),
+        ({"overrides": {"timeout_minutes_after_init": 50}}, "must not exceed policy.automodel_cfg.distributed_timeout"),
+        ({"overrides": {"tp": 0}}, "policy.dtensor_cfg.tensor_parallel_size must be a positive integer, got 0"),
+        ({"nproc": 1}, "--nproc must be at least 2, got 1"),
+        ({"timeout_s": 0}, "--timeout-s must be a positive number of seconds, got 0"),
+        ({"role": "critic"}, "role must be one of policy, value, got 'critic'"),
+    ],
+)
+def test_build_options_rejects_bad_values_before_any_rank_starts(kwargs, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        preflight.build_options(**kwargs)
+
+
+def test_build_options_needs_the_role_section(tmp_path):
+    config = tmp_path / "sft.yaml"
+    config.write_text("policy: {}\n")
+    with pytest.raises(ValueError, match="must have a value section"):
+        preflight.build_options(str(config), "value")
+
+
+def test_plan_ranks_one_per_gpu_else_two_cpu_ranks():
+    assert preflight.plan_ranks(None, 0) == preflight.RankPlan(2, "cpu", note="no CUDA device: CPU ranks on gloo")
+    assert preflight.plan_ranks(None, 4) == preflight.RankPlan(4, "cuda")
+    assert preflight.plan_ranks(2, 4).world_size == 2
+    one = preflight.plan_ranks(None, 1)
+    assert (one.world_size, one.device, one.env) == (2, "cpu", {"CUDA_VISIBLE_DEVICES": ""})
+    with pytest.raises(ValueError, match="--nproc 8 exceeds the 4 CUDA devices"):
+        preflight.plan_ranks(8, 4)
+
+
+def test_detect_launcher_torchrun_slurm_or_none():
+    master = {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
+    torchrun = {**master, "RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1"}
+    slurm = {**master, "SLURM_PROCID": "5", "SLURM_NTASKS": "16", "SLURM_LOCALID": "2"}
+    assert preflight.detect_launcher(torchrun) == preflight.Launcher("torchrun", 3, 8, 1)
+    assert preflight.detect_launcher(slurm) == preflight.Launcher("slurm", 5, 16, 2)
+    assert preflight.detect_launcher({"SLURM_PROCID": "0", "SLURM_NTASKS": "2"}) is None  # no rendezvous address
+    assert preflight.detect_launcher({}) is None
+
+
+def _row(group: str, **overrides: Any) -> dict[str, Any]:
+    row = {
+        "group": group,
+        "ranks": [0, 1],
+        "backends": {"cpu": "gloo", "cuda": "nccl"},
+        "timeout_minutes": {"cpu": 45.0, "cuda": 45.0},
+        "cpu_all_reduce": "ok",
+        "cuda_all_reduce": "ok",
+        "timeout_minutes_after_init": None,
+    }
+    return {**row, **overrides}
+
+
+def _rank(rank: int, rows: list[dict[str, Any]], offload: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"rank": rank, "rows": rows, "offload": offload}
+
+
+def test_find_problems_names_a_group_without_its_cpu_half_under_cpu_offload():
+    # The shape of a GPU run on unpatched 0.7.0: sub-groups built as "nccl" only.
+    lost = _row("tp", backends={"cuda": "nccl"}, timeout_minutes={"cuda": 45.0},
+                cpu_all_reduce="failed: RuntimeError: No backend type associated with device type cpu")  # fmt: skip
+    ranks = [_rank(r, [_row("default"), lost], {"ok": False, "error": "RuntimeError: No backend type"}) for r in (0, 1)]
+    problems = preflight.find_problems(ranks, preflight.build_options())
+    assert problems == [
+        "group tp: no CPU backend under CPU offload (backends cuda:nccl) (ranks 0, 1)",
+        "group tp: CPU all_reduce failed: RuntimeError: No backend type associated with device type cpu (ranks 0, 1)",
+        "full_tensor() of a CPU-offloaded parameter on mesh dp failed: RuntimeError: No backend type (ranks 0, 1)",
+    ]
+
+
+def test_find_problems_is_empty_for_a_clean_run_and_report_problem_is_one_line():
+    options = preflight.build_options(overrides={"timeout_minutes_after_init": 10})
+    clean = [_rank(r, [_row("default", timeout_minutes_after_init={"cpu": 10.0, "cuda": 10.0})]) for r in (0, 1)]
+    assert preflight.find_problems(clean, options) == []
+    steady_off = [_rank(0, [_row("dp", timeout_minutes_after_init={"cpu": 45.0, "cuda": 10.0})])]
+    assert preflight.find_problems(steady_off, options) == [
+        "group dp: cpu:gloo has 45 min after init, configured 10 min (rank 0)"
+    ]
+    report = preflight.PreflightReport("spawn", 2, options, [], 1.0, problems=["a", "b", "c"])
+    assert report.problem == "a (+2 more problems)"
+
+
+def test_find_problems_reports_a_rank_failure_by_its_last_traceback_line():
+    ranks = [
+        {"rank": 0, "error": "rank 0 exited -9 before reporting"},
+        {"rank": 1, "error": "Traceback (most recent call last):\n  ...\nValueError: world_size (2) must be divisible"},
+    ]
+    problems = preflight.find_problems(ranks, preflight.build_options())
+    assert problems[0] == "rank failed: ValueError: world_size (2) must be divisible (rank 1)"

@@ -1,0 +1,177 @@
+"""Phase timeouts (nemo_rl_shim.timeouts) on two real gloo ranks through the real setup_distributed.
+
+Values are fractions of a minute so that a stall fits a test: start-up 0.2 min
+(12 s), steady 0.05 min (3 s), raised 0.3 min (18 s), stall 6 s (above the
+steady value, below the start-up one). Each module fixture is one spawn of two
+ranks whose JSON result several tests read. No wall-clock assertion: the time a
+stall takes to be detected is reported (``record_property``), not asserted; the
+spawn timeout bounds every rank.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from nemo_rl_shim.launch import RankResult, free_port, spawn_ranks
+
+pytestmark = pytest.mark.multiprocess
+
+STARTUP_MIN, STEADY_MIN, RAISED_MIN, OTHER_STEADY_MIN = 0.2, 0.05, 0.3, 0.1
+STARTUP_S, STEADY_S, RAISED_S, OTHER_STEADY_S = 12.0, 3.0, 18.0, 6.0
+STALL_S = 6.0
+SPAWN_TIMEOUT_S = 300
+WORLD_SIZE = 2
+
+
+#: The ranks run on CPU with gloo, also on a machine with GPUs (two ranks cannot share one for NCCL).
+CPU_ONLY = {"CUDA_VISIBLE_DEVICES": ""}
+
+
+def _spawn(target: str, params: dict[str, Any]) -> list[RankResult]:
+    return spawn_ranks(
+        f"tests.workers_timeouts:{target}", params, world_size=WORLD_SIZE, timeout_s=SPAWN_TIMEOUT_S, env=CPU_ONLY
+    )
+
+
+@pytest.fixture(scope="module")
+def readings() -> list[dict[str, Any]]:
+    """Per rank: timeouts of every group and backend in each phase (one spawn)."""
+    params = {
+        "startup": STARTUP_MIN,
+        "steady": STEADY_MIN,
+        "raised": RAISED_MIN,
+        "other_steady": OTHER_STEADY_MIN,
+        "master_ports": [free_port(), free_port()],
+    }
+    return [r.result for r in _spawn("phase_readings", params)]
+
+
+@pytest.fixture(scope="module")
+def stalls() -> list[RankResult]:
+    """Per rank: outcome of a stalled all-reduce at start-up, inside extended_timeout and in steady state."""
+    params = {"startup": STARTUP_MIN, "steady": STEADY_MIN, "raised": RAISED_MIN, "stall": STALL_S}
+    return _spawn("stall_outcomes", params)
+
+
+def _off(phase: dict[str, dict[str, float]], expected: float) -> dict[str, dict[str, float]]:
+    """Groups with a backend whose timeout is not ``expected`` seconds."""
+    return {name: per_device for name, per_device in phase.items() if set(per_device.values()) != {expected}}
+
+
+# --- every group and every backend, phase by phase -------------------------------------------------
+
+
+def test_run_groups_covers_default_axes_flattened_and_moe(readings):
+    for rank in readings:
+        groups = rank["mesh_groups"]
+        assert "default" in groups
+        assert any(name.startswith("mesh.flat.") for name in groups), f"no flattened axis: {sorted(groups)}"
+        assert any(name.startswith("moe.") for name in groups), f"no MoE mesh with ep=2: {sorted(groups)}"
+        missed = [name for name, group in groups.items() if not group["in_run_groups"]]
+        assert missed == [], f"run_groups misses {missed}; it holds {rank['run_groups']}"
+
+
+def test_every_backend_is_read(readings):
+    for rank in readings:
+        for phase in ("startup", "steady", "extended", "after_extended", "after_error"):
+            empty = [name for name, per_device in rank[phase].items() if "cpu" not in per_device]
+            assert empty == [], f"{phase}: no CPU backend read on {empty}"
+
+
+def test_startup_value_on_default_group(readings):
+    for rank in readings:
+        assert rank["startup"]["default"] == {"cpu": STARTUP_S, "cuda": STARTUP_S}
+
+
+def test_extended_timeout_at_startup_restores_each_groups_own_value(readings):
+    # Start-up values may differ per group (the installed Automodel leaves CPU-mesh sub-groups at
+    # torch's default): the exit restores each group's own value, not one value for all.
+    for rank in readings:
+        assert _off(rank["extended_at_startup"], RAISED_S) == {}
+        assert rank["after_extended_at_startup"] == rank["startup"]
+
+
+def test_after_first_step_sets_every_group_and_backend_to_steady(readings):
+    for rank in readings:
+        assert rank["after_first_step"] is True
+        assert _off(rank["steady"], STEADY_S) == {}
+
+
+def test_extended_timeout_raises_then_restores_steady(readings):
+    for rank in readings:
+        assert _off(rank["extended"], RAISED_S) == {}
+        assert rank["extended_all_reduce"] == WORLD_SIZE
+        assert _off(rank["after_extended"], STEADY_S) == {}
+
+
+def test_extended_timeout_restores_steady_when_body_raises(readings):
+    for rank in readings:
+        assert _off(rank["extended_before_error"], RAISED_S) == {}
+        assert rank["body_error"] == "slow phase failed"
+        assert _off(rank["after_error"], STEADY_S) == {}
+
+
+# --- end to end: the steady value comes from automodel_cfg through setup_distributed ---------------
+
+
+def test_steady_value_comes_from_config_through_setup_distributed(readings):
+    for rank in readings:
+        assert rank["context_steady_minutes"] == STEADY_MIN
+        other = rank["other"]
+        assert other["context_steady_minutes"] == OTHER_STEADY_MIN
+        assert other["after_first_step"] is True
+        assert _off(other["readings"], OTHER_STEADY_S) == {}
+
+
+def test_after_first_step_without_steady_knob_keeps_startup_value(readings):
+    for rank in readings:
+        unset = rank["unset"]
+        assert unset["context_steady_minutes"] is None
+        assert unset["after_first_step"] is False
+        assert unset["readings"]["default"] == {"cpu": STARTUP_S, "cuda": STARTUP_S}
+
+
+# --- a stalled rank, phase by phase ------------------------------------------------------------------
+
+
+def _healthy(stalls: list[RankResult]) -> dict[str, Any]:
+    return next(r.result for r in stalls if not r.result["stalled"])
+
+
+def test_stall_is_on_a_mesh_axis_group_of_both_ranks(stalls):
+    for r in stalls:
+        assert r.result["group_ranks"] == list(range(WORLD_SIZE))
+
+
+def test_stall_survived_during_startup(stalls):
+    for r in stalls:
+        assert r.result["startup"]["outcome"] == "completed", r.result["startup"]
+        assert r.result["startup"]["sum"] == WORLD_SIZE
+
+
+def test_stall_survived_inside_extended_timeout(stalls):
+    for r in stalls:
+        assert r.result["extended"]["outcome"] == "completed", r.result["extended"]
+        assert r.result["extended"]["sum"] == WORLD_SIZE
+
+
+def test_stall_raises_after_first_step(stalls, record_property):
+    healthy = _healthy(stalls)
+    assert healthy["steady_timeout_s"] == STEADY_S
+    steady = healthy["steady"]
+    assert steady["outcome"] == "raised", steady
+    assert steady["is_runtime_error"], steady
+    assert f"Timed out waiting {STEADY_S * 1000:.0f}ms" in steady["error"], steady["error"]  # gloo names the timeout
+    record_property("seconds_to_error", round(steady["seconds"], 3))
+    print(f"\nstalled rank detected after {steady['seconds']:.2f} s (steady {STEADY_S} s, stall {STALL_S} s)")
+
+
+def test_stalled_rank_ends_cleanly(stalls):
+    stalled = [r for r in stalls if r.result["stalled"]]
+    assert len(stalled) == 1
+    assert stalled[0].ok and stalled[0].returncode == 0
+    outcome = stalled[0].result["steady"]
+    assert outcome["outcome"] in ("raised", "completed"), outcome
+    print(f"\nstalled rank, steady phase: {outcome['outcome']} after {outcome['seconds']:.2f} s")

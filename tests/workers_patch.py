@@ -1,0 +1,227 @@
+"""Rank-side functions for the fork-fix tests, run by :func:`nemo_rl_shim.launch.spawn_ranks`.
+
+Each function receives JSON params, does the real work in its own process (the
+Automodel release that ``PYTHONPATH`` puts first, real torch.distributed on
+Gloo) and returns JSON-able facts for the test to assert on. Nothing here
+asserts. :func:`patched_release_copy` prepares a release folder with the source
+patch applied; it runs in the test process.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import shutil
+import subprocess
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "GIT_APPLY_TIMEOUT_S",
+    "fault_on_sub_group",
+    "git_apply",
+    "mesh_timeouts",
+    "patch_report",
+    "patched_release_copy",
+    "source_patched_env",
+]
+
+#: Bound on one ``git apply`` / ``patch`` run.
+GIT_APPLY_TIMEOUT_S = 60
+
+
+# --------------------------------------------------------------------------- helpers for the test process
+
+
+def git_apply(root: Path, patch: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    """Run ``git apply [extra] patch`` in ``root`` as a plain folder (never inside an enclosing repository)."""
+    env = dict(os.environ, GIT_CEILING_DIRECTORIES=str(root.parent))
+    return subprocess.run(
+        ["git", "apply", *extra, str(patch)],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=GIT_APPLY_TIMEOUT_S,
+        check=False,
+    )
+
+
+def patched_release_copy(release: Path, dest: Path, patch: Path) -> Path:
+    """Copy the release folder ``release`` to ``dest`` and apply ``patch`` there with ``git apply``.
+
+    Raises RuntimeError with git's output when the patch does not apply.
+    """
+    shutil.copytree(release, dest)
+    done = git_apply(dest, patch)
+    if done.returncode != 0:
+        raise RuntimeError(f"git apply {patch.name} failed in {dest} (exit {done.returncode}): {done.stderr.strip()}")
+    return dest
+
+
+def source_patched_env(patched_root: Path) -> dict[str, str]:
+    """Environment for a spawned process that imports the patched copy ahead of the installed release."""
+    repo_root = Path(__file__).resolve().parent.parent
+    parts = [str(patched_root), str(repo_root), os.environ.get("PYTHONPATH", "")]
+    return {"PYTHONPATH": os.pathsep.join(p for p in parts if p)}
+
+
+# --------------------------------------------------------------------------- rank-side functions
+
+
+def _snapshot(module: Any) -> dict[str, int]:
+    return {name: id(value) for name, value in vars(module).items()}
+
+
+def patch_report(params: dict[str, Any]) -> dict[str, Any]:
+    """What ``automodel_patch`` sees and does against the release on ``PYTHONPATH`` (no process group needed).
+
+    Calls ``apply()`` twice and ``revert()`` twice; records every automodel_patch
+    warning and whether ``mesh_utils`` changed (attribute identities) at each step.
+    """
+    import automodel_patch
+    from automodel_patch import _target
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mesh_utils = _target.load_mesh_utils()
+        before = _snapshot(mesh_utils)
+        report: dict[str, Any] = {
+            "installed_version": str(automodel_patch.installed_version()),
+            "mesh_utils_file": mesh_utils.__file__,
+            "is_supported": automodel_patch.is_supported(),
+            "build_accepts_timeout": automodel_patch.build_accepts_timeout(),
+            "keeps_before": automodel_patch.keeps_cpu_backend(),
+            "is_applied_before": automodel_patch.is_applied(),
+        }
+        report["apply"] = automodel_patch.apply().value
+        report["apply_again"] = automodel_patch.apply().value
+        report["is_applied_after"] = automodel_patch.is_applied()
+        report["patched_names"] = list(automodel_patch.patched_names())
+        report["keeps_after"] = automodel_patch.keeps_cpu_backend()
+        report["module_unchanged_after_apply"] = _snapshot(mesh_utils) == before
+        report["revert"] = automodel_patch.revert()
+        report["revert_again"] = automodel_patch.revert()
+        report["module_restored_after_revert"] = _snapshot(mesh_utils) == before
+        report["keeps_after_revert"] = automodel_patch.keeps_cpu_backend()
+    report["warnings"] = [
+        {"category": w.category.__name__, "message": str(w.message)}
+        for w in caught
+        if str(w.message).startswith("automodel_patch")
+    ]
+    return report
+
+
+def _group_facts(device_mesh: Any, moe_mesh: Any) -> dict[str, dict[str, Any]]:
+    """Size, backends, per-backend timeout (s), default-group identity and an all_reduce of ones per group."""
+    import torch
+    import torch.distributed as dist
+
+    from nemo_rl_shim import groups
+
+    facts = {}
+    for name, group in groups.named_groups(device_mesh, moe_mesh).items():
+        ones = torch.ones(1)
+        dist.all_reduce(ones, group=group)
+        facts[name] = {
+            "size": dist.get_world_size(group),
+            "is_default_group": group is dist.group.WORLD,
+            "backends": groups.group_backends(group),
+            "timeout_s": {device: t.total_seconds() for device, t in groups.backend_timeouts(group).items()},
+            "all_reduce": ones.item(),
+        }
+    return facts
+
+
+def _build(ep_size: int, timeout_minutes: float | None) -> tuple[Any, Any]:
+    from nemo_automodel.components.distributed.config import FSDP2Config
+    from nemo_automodel.components.distributed.mesh import MeshContext, ParallelismSizes
+
+    context = MeshContext.build(
+        FSDP2Config(),
+        ParallelismSizes(ep_size=ep_size),
+        timeout_minutes=timeout_minutes,
+    )
+    return context.device_mesh, context.moe_mesh
+
+
+def mesh_timeouts(params: dict[str, Any]) -> dict[str, Any]:
+    """Build several real 0.7.0 meshes on one Gloo default group, patched and not, and read every group.
+
+    params: ``default_minutes`` (default group timeout), ``scenarios``: list of
+    ``{"name", "patched", "ep_size", "timeout_minutes"}`` (the last for
+    ``MeshContext.build``), run in order on the same default group
+    (``apply()``/``revert()`` in between).
+    """
+    import torch.distributed as dist
+
+    import automodel_patch
+
+    dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=params["default_minutes"]))
+    report: dict[str, Any] = {
+        "backend": str(dist.get_backend()),
+        "world_size": dist.get_world_size(),
+        "installed_version": str(automodel_patch.installed_version()),
+        "scenarios": {},
+    }
+    for scenario in params["scenarios"]:
+        status = automodel_patch.apply().value if scenario["patched"] else None
+        if not scenario["patched"]:
+            automodel_patch.revert()
+        device_mesh, moe_mesh = _build(scenario["ep_size"], scenario["timeout_minutes"])
+        report["scenarios"][scenario["name"]] = {
+            "apply": status,
+            "is_applied": automodel_patch.is_applied(),
+            "device_type": device_mesh.device_type,
+            "groups": _group_facts(device_mesh, moe_mesh),
+        }
+    automodel_patch.revert()
+    dist.barrier()
+    return report
+
+
+def fault_on_sub_group(params: dict[str, Any]) -> dict[str, Any]:
+    """One rank skips a collective on a sub-group with a short timeout; the other reports how it ended.
+
+    params: ``default_minutes`` (default group, longer, so the world-sized
+    ``dp_shard`` axis gets its own group), ``timeout_minutes`` (sub-groups),
+    ``stalled_rank``, ``stall_s`` (how long the stalled rank sleeps; it never
+    touches the sub-group). Both ranks meet on the default group at the end.
+    """
+    import torch
+    import torch.distributed as dist
+
+    import automodel_patch
+    from nemo_rl_shim import groups
+
+    dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=params["default_minutes"]))
+    status = automodel_patch.apply().value
+    device_mesh, _ = _build(1, params["timeout_minutes"])
+    group = device_mesh.get_group("dp_shard")
+    rank = dist.get_rank()
+    report: dict[str, Any] = {
+        "rank": rank,
+        "apply": status,
+        "group_size": dist.get_world_size(group),
+        "is_default_group": group is dist.group.WORLD,
+        "timeout_s": {device: t.total_seconds() for device, t in groups.backend_timeouts(group).items()},
+    }
+    if rank == params["stalled_rank"]:
+        time.sleep(params["stall_s"])
+        report["role"] = "stalled"
+    else:
+        report["role"] = "waiting"
+        start = time.monotonic()
+        try:
+            dist.all_reduce(torch.ones(1), group=group)
+        except RuntimeError as error:
+            report["raised"] = type(error).__name__
+            report["message"] = str(error).splitlines()[0][:300]
+        else:
+            report["raised"] = None
+        report["detection_s"] = time.monotonic() - start
+    dist.barrier()  # the default group is unaffected: both ranks leave together
+    automodel_patch.revert()
+    return report

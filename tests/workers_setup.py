@@ -1,0 +1,204 @@
+"""Rank-side functions for the set-up and decision tests, run by :func:`nemo_rl_shim.launch.spawn_ranks`.
+
+Each function receives JSON params, does the real work in its own process (real
+torch.distributed on Gloo, the Automodel release that ``PYTHONPATH`` selects)
+and returns JSON-able facts for the test to assert on. Nothing here asserts.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+import warnings
+from typing import Any
+
+__all__ = ["UNSET", "decision_matrix", "layouts", "legacy_pin", "single_rank_cpu_offload"]
+
+#: ``timeout`` value meaning "leave distributed_timeout_minutes out of automodel_cfg".
+UNSET = "unset"
+
+
+def _decision_facts(decision: Any) -> dict[str, Any]:
+    return {
+        "action": decision.action.value,
+        "reason": decision.reason,
+        "warning": decision.warning,
+        "forward_minutes": decision.forward_minutes,
+    }
+
+
+def _section(timeout: Any, dtensor_cfg: dict[str, Any], patch_automodel: bool = True) -> dict[str, Any]:
+    """A NeMo RL policy (or value) section with this timeout and these parallel sizes."""
+    automodel_cfg = {} if timeout == UNSET else {"distributed_timeout_minutes": timeout}
+    if not patch_automodel:
+        automodel_cfg["patch_automodel"] = False
+    return {"automodel_cfg": automodel_cfg, "dtensor_cfg": {"enabled": True, **dtensor_cfg}}
+
+
+def _group_facts(ctx: Any) -> dict[str, dict[str, Any]]:
+    """Size, backends, per-backend timeout (minutes, read from the group) and an all_reduce of ones, per group."""
+    import torch
+    import torch.distributed as dist
+
+    from nemo_rl_shim import groups
+
+    facts = {}
+    for name, group in groups.named_groups(ctx.device_mesh, ctx.moe_mesh).items():
+        ones = torch.ones(1)
+        dist.all_reduce(ones, group=group)
+        facts[name] = {
+            "size": dist.get_world_size(group),
+            "is_default_group": group is dist.group.WORLD or group == dist.distributed_c10d._get_default_group(),
+            "backends": groups.group_backends(group),
+            "timeout_minutes": {
+                device: timeout.total_seconds() / 60 for device, timeout in groups.backend_timeouts(group).items()
+            },
+            "all_reduce": ones.item(),
+        }
+    return facts
+
+
+def _count_mesh_builders() -> dict[str, Any]:
+    """Count calls of whichever mesh builder ``setup_distributed`` can use; the real builder still runs.
+
+    ``functools.wraps`` keeps each signature visible: ``setup_distributed``
+    detects ``MeshContext.build(timeout_minutes=)`` from it.
+    """
+    calls: dict[str, Any] = {}
+    mesh = importlib.import_module("nemo_automodel.components.distributed.mesh")
+    context_cls = getattr(mesh, "MeshContext", None)
+    if context_cls is not None and hasattr(context_cls, "build"):
+        original_build = context_cls.build.__func__
+
+        @functools.wraps(original_build)
+        def build(cls: Any, *args: Any, **kwargs: Any) -> Any:
+            calls["MeshContext.build"] = calls.get("MeshContext.build", 0) + 1
+            calls["timeout_minutes"] = kwargs.get("timeout_minutes")
+            return original_build(cls, *args, **kwargs)
+
+        context_cls.build = classmethod(build)
+    mesh_utils = importlib.import_module("nemo_automodel.components.distributed.mesh_utils")
+    original_create = getattr(mesh_utils, "create_device_mesh", None)
+    if original_create is not None:
+
+        @functools.wraps(original_create)
+        def create_device_mesh(*args: Any, **kwargs: Any) -> Any:
+            calls["create_device_mesh"] = calls.get("create_device_mesh", 0) + 1
+            return original_create(*args, **kwargs)
+
+        mesh_utils.create_device_mesh = create_device_mesh
+    return calls
+
+
+def layouts(params: dict[str, Any]) -> dict[str, Any]:
+    """Run ``setup_distributed`` once per scenario, read every group, then tear the default group down.
+
+    params: ``scenarios`` (list of ``{"name", "timeout", "cpu_offload", "dtensor_cfg"[, "patch_automodel"]}``,
+    ``timeout`` a number, None or ``"unset"``) and ``ports`` (one MASTER_PORT per
+    scenario after the first). A fresh port per scenario: re-initializing on the
+    same port races with the previous store's teardown and can hang.
+    """
+    import torch.distributed as dist
+
+    import automodel_patch
+    from nemo_rl_shim import RuntimeConfig, setup_distributed
+
+    mesh_builders = _count_mesh_builders()
+    ports = list(params.get("ports") or [])
+    out = []
+    for index, scenario in enumerate(params["scenarios"]):
+        if index:
+            os.environ["MASTER_PORT"] = str(ports[index - 1])
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            ctx = setup_distributed(
+                _section(scenario["timeout"], scenario.get("dtensor_cfg", {}), scenario.get("patch_automodel", True)),
+                RuntimeConfig(cpu_offload=scenario["cpu_offload"]),
+                role=scenario.get("role", "policy"),
+            )
+        out.append(
+            {
+                "name": scenario["name"],
+                "decision": _decision_facts(ctx.decision),
+                "sizes": {"dp": ctx.dp_size, "tp": ctx.tp_size, "cp": ctx.cp_size},
+                "mesh_dim_names": [str(getattr(n, "value", n)) for n in ctx.device_mesh.mesh_dim_names],
+                "groups": _group_facts(ctx),
+                "runtime_warnings": [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)],
+                "patch_applied": automodel_patch.is_applied(),
+                "mesh_builders": dict(mesh_builders),
+            }
+        )
+        mesh_builders.clear()
+        del ctx
+        dist.barrier()
+        dist.destroy_process_group()
+    return {
+        "version": str(automodel_patch.installed_version()),
+        "build_accepts_timeout": automodel_patch.build_accepts_timeout(),
+        "scenarios": out,
+    }
+
+
+def decision_matrix(params: dict[str, Any]) -> dict[str, Any]:
+    """``decide()`` for each timeout x {cpu_mesh} x {cpu_offload} x {patch_automodel}, before and after ``apply()``.
+
+    Needs no process group: ``decide`` probes the installed override under a
+    reported composite default group (see ``automodel_patch._detect``).
+    """
+    import automodel_patch
+    from nemo_rl_shim.decision import decide
+
+    def matrix() -> list[dict[str, Any]]:
+        rows = []
+        for timeout in params["timeouts"]:
+            for cpu_mesh in (False, True):  # False: a GPU run's NCCL default group; True: a CPU-only gloo run
+                for cpu_offload in (False, True):
+                    for patch in (True, False):
+                        decision = decide(timeout, cpu_offload=cpu_offload, patch_automodel=patch, cpu_mesh=cpu_mesh)
+                        rows.append(
+                            {
+                                "timeout": timeout,
+                                "cpu_mesh": cpu_mesh,
+                                "cpu_offload": cpu_offload,
+                                "patch_automodel": patch,
+                                **_decision_facts(decision),
+                            }
+                        )
+        return rows
+
+    before = matrix()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        status = automodel_patch.apply()
+    return {
+        "version": str(automodel_patch.installed_version()),
+        "mesh_utils_file": getattr(automodel_patch._target.load_mesh_utils(), "__file__", None),
+        "before": before,
+        "apply_status": status.value,
+        "apply_warnings": [str(w.message) for w in caught],
+        "after": matrix(),
+    }
+
+
+def legacy_pin(params: dict[str, Any]) -> dict[str, Any]:
+    """On a pin without ``MeshContext.build(timeout_minutes=)``: the decision matrix, then real set-ups.
+
+    One process for both saves a spawn; ``apply()`` there is UNSUPPORTED and changes nothing.
+    """
+    return {"matrix": decision_matrix(params), "setup": layouts(params)}
+
+
+def single_rank_cpu_offload(params: dict[str, Any]) -> dict[str, Any]:
+    """World size 1 with CPU offload: what ``setup_distributed`` raises, and whether a process group remains."""
+    import torch.distributed as dist
+
+    from nemo_rl_shim import RuntimeConfig, setup_distributed
+
+    try:
+        setup_distributed(_section(params["timeout"], {}), RuntimeConfig(cpu_offload=True))
+    except NotImplementedError as e:
+        raised = {"type": type(e).__name__, "message": str(e)}
+    else:
+        raised = None
+    return {"raised": raised, "initialized_after": dist.is_initialized()}

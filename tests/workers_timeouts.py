@@ -1,0 +1,184 @@
+"""Rank functions for tests/test_timeouts.py: phase timeouts on real gloo ranks.
+
+Each function runs on every rank started by :func:`nemo_rl_shim.launch.spawn_ranks`,
+goes through the real ``setup_distributed`` with the installed Automodel, and
+returns JSON: timeouts in seconds as read back from the groups themselves, and
+the outcome of collectives with one stalled rank.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed import ProcessGroup
+
+from nemo_rl_shim.distributed_setup import DistributedContext, RuntimeConfig, setup_distributed
+from nemo_rl_shim.groups import backend_timeouts
+from nemo_rl_shim.timeouts import after_first_step, extended_timeout, run_groups
+
+__all__ = ["mesh_groups", "phase_readings", "section", "stall_outcomes", "stalled_all_reduce"]
+
+
+class _BodyFailed(Exception):
+    """Raised inside ``extended_timeout`` to take its exception path."""
+
+
+def section(startup: float | None, steady: float | None, *, ep: int = 2) -> dict[str, Any]:
+    """A ``policy`` section with both timeout knobs (minutes) and expert parallelism ``ep``."""
+    automodel_cfg: dict[str, Any] = {}
+    if startup is not None:
+        automodel_cfg["distributed_timeout_minutes"] = startup
+    if steady is not None:
+        automodel_cfg["distributed_timeout_minutes_after_init"] = steady
+    return {"automodel_cfg": automodel_cfg, "dtensor_cfg": {"expert_parallel_size": ep}}
+
+
+def mesh_groups(context: DistributedContext) -> dict[str, ProcessGroup]:
+    """Every group reachable from the meshes through torch's DeviceMesh API.
+
+    Enumerated here without ``nemo_rl_shim.groups`` so the test can check that
+    ``run_groups`` misses none: each axis of the device mesh and the MoE mesh,
+    and each flattened mesh recorded on either mesh's root.
+    """
+    groups: dict[str, ProcessGroup] = {"default": dist.group.WORLD}
+    for label, mesh in (("mesh", context.device_mesh), ("moe", context.moe_mesh)):
+        if mesh is None:
+            continue
+        for name in mesh.mesh_dim_names:
+            groups[f"{label}.{name}"] = mesh.get_group(name)
+        for name, flat in mesh._get_root_mesh()._flatten_mapping.items():
+            groups[f"{label}.flat.{name}"] = flat.get_group()
+    return groups
+
+
+def _readings(groups: dict[str, ProcessGroup]) -> dict[str, dict[str, float]]:
+    return {
+        name: {device: timeout.total_seconds() for device, timeout in backend_timeouts(group).items()}
+        for name, group in groups.items()
+    }
+
+
+def phase_readings(params: dict[str, Any]) -> dict[str, Any]:
+    """Timeouts of every group and backend through start-up, steady state and ``extended_timeout``.
+
+    ``params``: ``startup``, ``steady``, ``raised`` and ``other_steady`` (minutes),
+    ``master_ports`` (two free ports, one rendezvous per extra set-up).
+    After the first set-up, two more set-ups in the same process check that
+    ``after_first_step`` follows the config: one without the steady knob, one
+    with ``other_steady``.
+    """
+    context = setup_distributed(section(params["startup"], params["steady"]), RuntimeConfig())
+    groups = mesh_groups(context)
+    run = run_groups(context)
+    run_ids = {id(group) for group in run.values()}
+    out: dict[str, Any] = {
+        "decision": str(context.decision.action.value),
+        "context_steady_minutes": context.timeout_minutes_after_init,
+        "run_groups": sorted(run),
+        "mesh_groups": {
+            name: {
+                "ranks": dist.get_process_group_ranks(group),
+                "is_default": group is dist.group.WORLD,
+                "in_run_groups": id(group) in run_ids,
+            }
+            for name, group in groups.items()
+        },
+        "startup": _readings(groups),
+    }
+    with extended_timeout(context, params["raised"]):  # a slow phase before the first step
+        out["extended_at_startup"] = _readings(groups)
+    out["after_extended_at_startup"] = _readings(groups)
+    out["after_first_step"] = after_first_step(context)
+    out["steady"] = _readings(groups)
+    with extended_timeout(context, params["raised"]):
+        out["extended"] = _readings(groups)
+        probe = torch.ones(1)
+        dist.all_reduce(probe)  # the groups still work with the raised value
+        out["extended_all_reduce"] = probe.item()
+    out["after_extended"] = _readings(groups)
+    try:
+        with extended_timeout(context, params["raised"]):
+            out["extended_before_error"] = _readings(groups)
+            raise _BodyFailed("slow phase failed")
+    except _BodyFailed as error:
+        out["body_error"] = str(error)
+    out["after_error"] = _readings(groups)
+    dist.barrier()  # realign the ranks (the exception path restored without a barrier) before teardown
+
+    dist.destroy_process_group()
+    os.environ["MASTER_PORT"] = str(params["master_ports"][0])  # a fresh rendezvous for each new set-up
+    unset = setup_distributed(section(params["startup"], None), RuntimeConfig())
+    out["unset"] = {
+        "context_steady_minutes": unset.timeout_minutes_after_init,
+        "after_first_step": after_first_step(unset),
+        "readings": _readings({"default": dist.group.WORLD}),
+    }
+    dist.barrier()  # no rank tears the store down while a peer still builds its groups through it
+
+    dist.destroy_process_group()
+    os.environ["MASTER_PORT"] = str(params["master_ports"][1])
+    other = setup_distributed(section(params["startup"], params["other_steady"]), RuntimeConfig())
+    out["other"] = {
+        "context_steady_minutes": other.timeout_minutes_after_init,
+        "after_first_step": after_first_step(other),
+        "readings": _readings(mesh_groups(other)),
+    }
+    return out
+
+
+def stalled_all_reduce(group: ProcessGroup, stall_s: float, stalled_rank: int) -> dict[str, Any]:
+    """All-reduce on ``group`` after ``stalled_rank`` sleeps ``stall_s``; the outcome as this rank saw it.
+
+    ``seconds`` runs from this rank's call into the collective to its return or error.
+    """
+    if dist.get_rank() == stalled_rank:
+        time.sleep(stall_s)
+    tensor = torch.ones(1)
+    start = time.monotonic()
+    try:
+        dist.all_reduce(tensor, group=group)
+    except Exception as error:  # the stalled rank may see a closed connection rather than a timeout
+        return {
+            "outcome": "raised",
+            "type": type(error).__name__,
+            "is_runtime_error": isinstance(error, RuntimeError),
+            "error": str(error)[:400],
+            "seconds": time.monotonic() - start,
+        }
+    return {"outcome": "completed", "sum": tensor.item(), "seconds": time.monotonic() - start}
+
+
+def stall_outcomes(params: dict[str, Any]) -> dict[str, Any]:
+    """One rank stalls ``stall`` seconds in three phases, in an order that never reuses a timed-out group.
+
+    1. start-up (``startup`` minutes): survived;
+    2. after ``after_first_step``, inside ``extended_timeout(raised)``: survived;
+    3. after ``after_first_step`` (``steady`` minutes): the healthy rank raises. Last,
+       because a gloo group that timed out stays broken.
+
+    The collective runs on the ``dp_shard`` axis group, which FSDP2 reduces over.
+    """
+    context = setup_distributed(section(params["startup"], params["steady"]), RuntimeConfig())
+    rank, stalled = dist.get_rank(), dist.get_world_size() - 1
+    group = context.device_mesh.get_group("dp_shard")
+    out: dict[str, Any] = {
+        "rank": rank,
+        "stalled": rank == stalled,
+        "group_ranks": dist.get_process_group_ranks(group),
+        "group_is_default": group is dist.group.WORLD,
+        "pid": os.getpid(),
+    }
+    dist.barrier()
+    out["startup"] = stalled_all_reduce(group, params["stall"], stalled)
+    after_first_step(context)
+    with extended_timeout(context, params["raised"]):
+        dist.barrier()
+        out["extended"] = stalled_all_reduce(group, params["stall"], stalled)
+    out["steady_timeout_s"] = backend_timeouts(group)["cpu"].total_seconds()
+    out["steady"] = stalled_all_reduce(group, params["stall"], stalled)
+    out["returned_at"] = time.time()
+    return out
