@@ -7,9 +7,12 @@ the ``automodel`` extra is not installed.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
+from collections.abc import Callable
 from types import ModuleType
+from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
@@ -51,11 +54,16 @@ def build_accepts_timeout() -> bool:
     Signature probe, not a version check: 0.3.0 and 0.4.0 have no ``build``;
     0.5.0 and later take the keyword.
     """
-    mesh = load_mesh()
-    build = getattr(getattr(mesh, "MeshContext", None), "build", None)
+    build = getattr(getattr(load_mesh(), "MeshContext", None), "build", None)
     if build is None:
         return False
-    return "timeout_minutes" in inspect.signature(build).parameters
+    return _takes_timeout(getattr(build, "__func__", build))
+
+
+@functools.cache
+def _takes_timeout(function: Callable[..., Any]) -> bool:
+    # Keyed on the function object: inspect.signature costs ~0.1 ms and sits on every set-up.
+    return "timeout_minutes" in inspect.signature(function).parameters
 
 
 def installed_version() -> Version | None:
@@ -69,8 +77,13 @@ def installed_version() -> Version | None:
             text = version("nemo-automodel")
         except PackageNotFoundError:
             return None
+    return _public_version(str(text))
+
+
+@functools.cache
+def _public_version(text: str) -> Version | None:
     try:
-        version = Version(str(text))
+        version = Version(text)
     except InvalidVersion:
         return None
     # package_info appends "+<sha>" of whatever git checkout encloses the installed files

@@ -90,8 +90,8 @@ def decide(
 
     if timeout_minutes is None:
         return make(Action.NO_TIMEOUT, f"{where}.distributed_timeout_minutes is unset: torch's defaults apply")
-    version = automodel_patch.installed_version()
     if not automodel_patch.build_accepts_timeout():
+        version = automodel_patch.installed_version()
         return make(
             Action.DEFAULT_GROUP_ONLY,
             f"nemo-automodel {version} has no MeshContext.build(timeout_minutes=)",
@@ -119,7 +119,7 @@ def decide(
     if not patch_automodel:
         why = f"{where}.patch_automodel is false"
     else:
-        why = f"the fork fix cannot apply to nemo-automodel {version}"
+        why = f"the fork fix cannot apply to nemo-automodel {automodel_patch.installed_version()}"
     if drops_cpu_half:
         return make(
             Action.NOT_FORWARDED,

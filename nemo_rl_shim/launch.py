@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RankResult", "RanksFailed", "free_port", "spawn_ranks"]
+__all__ = ["RankResult", "RanksFailed", "free_port", "launcher_env", "spawn_ranks"]
 
 #: After one rank fails, how long the others get to finish before they are killed.
 FAILURE_GRACE_S = 15.0
@@ -66,17 +66,22 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def launcher_env(rank: int, world_size: int, port: int) -> dict[str, str]:
+    """The standard launcher variables (as torchrun sets them) for one local rank of a loopback world."""
+    return {
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_WORLD_SIZE": str(world_size),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }
+
+
 def _rank_env(rank: int, world_size: int, port: int, extra: Mapping[str, str] | None) -> dict[str, str]:
     env = dict(os.environ)
     env.update(extra or {})
-    env.update(
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(world_size),
-        LOCAL_WORLD_SIZE=str(world_size),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
+    env.update(launcher_env(rank, world_size, port))
     env.setdefault("OMP_NUM_THREADS", "1")
     return env
 
