@@ -109,15 +109,6 @@ def _offload_check(device_mesh: Any) -> dict[str, Any]:
     return facts
 
 
-def _decision(decision: Any) -> dict[str, Any]:
-    return {
-        "action": decision.action.value,
-        "reason": decision.reason,
-        "warning": decision.warning,
-        "timeout_minutes": decision.timeout_minutes,
-    }
-
-
 def check_rank(params: dict[str, Any]) -> dict[str, Any]:
     """Set up this rank for real and return its facts; see the module docstring.
 
@@ -148,7 +139,7 @@ def check_rank(params: dict[str, Any]) -> dict[str, Any]:
         "world_size": dist.get_world_size(),
         "default_backend": str(dist.get_backend()),
         "device": "cuda" if torch.cuda.is_available() else "cpu",
-        "decision": _decision(context.decision),
+        "decision": context.decision.to_dict(),
         "timeout_minutes_after_init": context.timeout_minutes_after_init,
         "rows": rows,
         "offload": offload,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -53,6 +54,17 @@ class Decision:
     @property
     def apply_patch(self) -> bool:
         return self.action is Action.PATCH_AND_FORWARD
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form, for reports and for results sent between ranks."""
+        return {
+            "action": self.action.value,
+            "reason": self.reason,
+            "warning": self.warning,
+            "timeout_minutes": self.timeout_minutes,
+            "forward_minutes": self.forward_minutes,
+            "apply_patch": self.apply_patch,
+        }
 
 
 def _cpu_half_source() -> str | None:

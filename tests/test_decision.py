@@ -21,7 +21,7 @@ import pytest
 
 import automodel_patch
 from nemo_rl_shim.decision import Action
-from nemo_rl_shim.launch import free_port, spawn_ranks
+from nemo_rl_shim.launch import spawn_ranks
 from tests.releases import ALL_RELEASES, FIXED_FUNCTION_RELEASES, LEGACY_RELEASES, REPO_ROOT, release_dir
 
 pytestmark = pytest.mark.releases
@@ -53,7 +53,7 @@ def release_run(release_environment):
             env = release_environment(version)
             params: dict[str, Any] = {"timeouts": [None, TIMEOUT]}
             if version in LEGACY_RELEASES:
-                params |= {"scenarios": LEGACY_SCENARIOS, "ports": [free_port() for _ in LEGACY_SCENARIOS[1:]]}
+                params |= {"scenarios": LEGACY_SCENARIOS}
                 results = spawn_ranks(
                     "tests.workers_setup:legacy_pin", params, world_size=2, timeout_s=SPAWN_TIMEOUT_S, env=env
                 )

@@ -19,7 +19,7 @@ import pytest
 from packaging.version import Version
 
 from nemo_rl_shim.decision import Action
-from nemo_rl_shim.launch import free_port, spawn_ranks
+from nemo_rl_shim.launch import spawn_ranks
 from tests.workers_setup import UNSET
 
 pytestmark = pytest.mark.multiprocess
@@ -60,7 +60,7 @@ SPANNING_AXIS = {"dp": "dp_shard", "tp": "tp", "cp": "cp", "ep": "moe.ep"}
 @pytest.fixture(scope="module")
 def run() -> dict[str, Any]:
     """Every scenario, once, on two ranks; both ranks' facts."""
-    params = {"scenarios": SCENARIOS, "ports": [free_port() for _ in SCENARIOS[1:]]}
+    params = {"scenarios": SCENARIOS}
     results = spawn_ranks("tests.workers_setup:layouts", params, world_size=2, timeout_s=SPAWN_TIMEOUT_S)
     return {"ranks": [r.result for r in results]}
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from nemo_rl_shim.launch import RankResult, free_port, spawn_ranks
+from nemo_rl_shim.launch import RankResult, spawn_ranks
 
 pytestmark = pytest.mark.multiprocess
 
@@ -43,7 +43,6 @@ def readings() -> list[dict[str, Any]]:
         "steady": STEADY_MIN,
         "raised": RAISED_MIN,
         "other_steady": OTHER_STEADY_MIN,
-        "master_ports": [free_port(), free_port()],
     }
     return [r.result for r in _spawn("phase_readings", params)]
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import os
 import warnings
 from typing import Any
 
@@ -17,15 +16,6 @@ __all__ = ["UNSET", "decision_matrix", "layouts", "legacy_pin", "single_rank_cpu
 
 #: ``timeout`` value meaning "leave distributed_timeout_minutes out of automodel_cfg".
 UNSET = "unset"
-
-
-def _decision_facts(decision: Any) -> dict[str, Any]:
-    return {
-        "action": decision.action.value,
-        "reason": decision.reason,
-        "warning": decision.warning,
-        "forward_minutes": decision.forward_minutes,
-    }
 
 
 def _section(timeout: Any, dtensor_cfg: dict[str, Any], patch_automodel: bool = True) -> dict[str, Any]:
@@ -95,21 +85,18 @@ def layouts(params: dict[str, Any]) -> dict[str, Any]:
     """Run ``setup_distributed`` once per scenario, read every group, then tear the default group down.
 
     params: ``scenarios`` (list of ``{"name", "timeout", "cpu_offload", "dtensor_cfg"[, "patch_automodel"]}``,
-    ``timeout`` a number, None or ``"unset"``) and ``ports`` (one MASTER_PORT per
-    scenario after the first). A fresh port per scenario: re-initializing on the
-    same port races with the previous store's teardown and can hang.
+    ``timeout`` a number, None or ``"unset"``). Each scenario after the first
+    rendezvouses on a fresh port (:func:`tests.worlds.move_to_fresh_port`).
     """
     import torch.distributed as dist
 
     import automodel_patch
     from nemo_rl_shim import RuntimeConfig, setup_distributed
+    from tests.worlds import move_to_fresh_port
 
     mesh_builders = _count_mesh_builders()
-    ports = list(params.get("ports") or [])
     out = []
-    for index, scenario in enumerate(params["scenarios"]):
-        if index:
-            os.environ["MASTER_PORT"] = str(ports[index - 1])
+    for scenario in params["scenarios"]:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             ctx = setup_distributed(
@@ -120,7 +107,7 @@ def layouts(params: dict[str, Any]) -> dict[str, Any]:
         out.append(
             {
                 "name": scenario["name"],
-                "decision": _decision_facts(ctx.decision),
+                "decision": ctx.decision.to_dict(),
                 "sizes": {"dp": ctx.dp_size, "tp": ctx.tp_size, "cp": ctx.cp_size},
                 "mesh_dim_names": [str(getattr(n, "value", n)) for n in ctx.device_mesh.mesh_dim_names],
                 "groups": _group_facts(ctx),
@@ -131,7 +118,7 @@ def layouts(params: dict[str, Any]) -> dict[str, Any]:
         )
         mesh_builders.clear()
         del ctx
-        dist.barrier()
+        move_to_fresh_port()  # a collective: no rank tears the store down while a peer still uses it
         dist.destroy_process_group()
     return {
         "version": str(automodel_patch.installed_version()),
@@ -162,7 +149,7 @@ def decision_matrix(params: dict[str, Any]) -> dict[str, Any]:
                                 "cpu_mesh": cpu_mesh,
                                 "cpu_offload": cpu_offload,
                                 "patch_automodel": patch,
-                                **_decision_facts(decision),
+                                **decision.to_dict(),
                             }
                         )
         return rows

@@ -19,6 +19,7 @@ from torch.distributed import ProcessGroup
 from nemo_rl_shim.distributed_setup import DistributedContext, RuntimeConfig, setup_distributed
 from nemo_rl_shim.groups import backend_timeouts
 from nemo_rl_shim.timeouts import after_first_step, extended_timeout, run_groups
+from tests.worlds import move_to_fresh_port
 
 __all__ = ["mesh_groups", "phase_readings", "section", "stall_outcomes", "stalled_all_reduce"]
 
@@ -66,7 +67,7 @@ def phase_readings(params: dict[str, Any]) -> dict[str, Any]:
     """Timeouts of every group and backend through start-up, steady state and ``extended_timeout``.
 
     ``params``: ``startup``, ``steady``, ``raised`` and ``other_steady`` (minutes),
-    ``master_ports`` (two free ports, one rendezvous per extra set-up).
+    each extra set-up on a fresh port (:func:`tests.worlds.move_to_fresh_port`).
     After the first set-up, two more set-ups in the same process check that
     ``after_first_step`` follows the config: one without the steady knob, one
     with ``other_steady``.
@@ -109,8 +110,8 @@ def phase_readings(params: dict[str, Any]) -> dict[str, Any]:
     out["after_error"] = _readings(groups)
     dist.barrier()  # realign the ranks (the exception path restored without a barrier) before teardown
 
+    move_to_fresh_port()  # a fresh rendezvous for each new set-up
     dist.destroy_process_group()
-    os.environ["MASTER_PORT"] = str(params["master_ports"][0])  # a fresh rendezvous for each new set-up
     unset = setup_distributed(section(params["startup"], None), RuntimeConfig())
     out["unset"] = {
         "context_steady_minutes": unset.timeout_minutes_after_init,
@@ -119,8 +120,8 @@ def phase_readings(params: dict[str, Any]) -> dict[str, Any]:
     }
     dist.barrier()  # no rank tears the store down while a peer still builds its groups through it
 
+    move_to_fresh_port()
     dist.destroy_process_group()
-    os.environ["MASTER_PORT"] = str(params["master_ports"][1])
     other = setup_distributed(section(params["startup"], params["other_steady"]), RuntimeConfig())
     out["other"] = {
         "context_steady_minutes": other.timeout_minutes_after_init,
