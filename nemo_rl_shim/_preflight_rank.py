@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from nemo_rl_shim.distributed_setup import RuntimeConfig, setup_distributed
-from nemo_rl_shim.groups import backend_timeouts, group_backends, named_groups
+from nemo_rl_shim.groups import axis_mesh, backend_timeouts, group_backends, named_groups
 from nemo_rl_shim.timeouts import after_first_step
 
 __all__ = ["OFFLOAD_METHOD", "check_rank"]
@@ -81,17 +81,11 @@ def _group_row(name: str, group: Any, cpu_offload: bool) -> dict[str, Any]:
     }
 
 
-def _dp_mesh(device_mesh: Any) -> Any:
-    if "dp" in device_mesh.mesh_dim_names:
-        return device_mesh["dp"]
-    return device_mesh._get_root_mesh()._flatten_mapping["dp"]
-
-
 def _offload_check(device_mesh: Any) -> dict[str, Any]:
     """Shard a CPU-offloaded parameter on the dp mesh and rebuild it with ``full_tensor()``."""
     from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 
-    dp = _dp_mesh(device_mesh)
+    dp = axis_mesh(device_mesh, "dp")
     facts: dict[str, Any] = {"method": OFFLOAD_METHOD, "mesh": "dp", "mesh_ranks": dp.mesh.flatten().tolist()}
     torch.manual_seed(0)  # same reference weight on every rank
     module = torch.nn.Linear(4, 2 * dp.size(), bias=False)

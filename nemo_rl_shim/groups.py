@@ -9,11 +9,19 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
-__all__ = ["backend_timeouts", "group_backends", "named_groups"]
+__all__ = ["axis_mesh", "backend_timeouts", "group_backends", "named_groups"]
 
 
 def _plain(name: Any) -> str:
     return str(getattr(name, "value", name))  # Automodel's MeshAxisName is a str Enum
+
+
+def axis_mesh(device_mesh: Any, name: str) -> Any:
+    """The 1-D mesh of axis ``name``: a mesh dimension, or a flattened axis recorded on the root mesh."""
+    if name in device_mesh.mesh_dim_names:
+        return device_mesh[name]
+    root = device_mesh._get_root_mesh() if hasattr(device_mesh, "_get_root_mesh") else device_mesh
+    return root._flatten_mapping[name]
 
 
 def named_groups(device_mesh: Any, moe_mesh: Any = None) -> dict[str, ProcessGroup]:

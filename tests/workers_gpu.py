@@ -49,17 +49,13 @@ def _group_facts(device_mesh: Any, moe_mesh: Any, devices: tuple[str, ...]) -> d
     return facts
 
 
-def _dp_mesh(device_mesh: Any) -> Any:
-    if "dp" in device_mesh.mesh_dim_names:
-        return device_mesh["dp"]
-    return device_mesh._get_root_mesh()._flatten_mapping["dp"]
-
-
 def _offloaded_full_tensor(device_mesh: Any) -> dict[str, Any]:
     """An FSDP2 parameter with CPUOffloadPolicy, sharded on mesh dp, rebuilt with full_tensor()."""
     from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 
-    dp = _dp_mesh(device_mesh)
+    from nemo_rl_shim.groups import axis_mesh
+
+    dp = axis_mesh(device_mesh, "dp")
     torch.manual_seed(0)
     module = torch.nn.Linear(8, 4 * dp.size(), bias=False)
     reference = module.weight.detach().clone()
