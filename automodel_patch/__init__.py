@@ -1,49 +1,69 @@
-"""Fork fix for nemo-automodel: keep the CPU (Gloo) half of a composite backend in mesh sub-groups.
+"""Workarounds for nemo-automodel's mesh timeouts, each applied only where detection says it is needed.
 
 Public API:
 
-* :func:`keeps_cpu_backend` - behavioural detection of the installed Automodel.
-* :func:`apply` / :func:`revert` / :func:`is_applied` - the run-time patch.
-* :data:`SOURCE_PATCH` - a unified diff for forks of 0.5.0, 0.6.0 and 0.7.0.
-
-# AUTOMODEL-WORKAROUND(keep-cpu-backend): TEMPORARY. Remove when the automodel pin
-# includes NVIDIA-NeMo/Automodel#4602.
+* :data:`WORKAROUNDS` - every workaround, one unit each (slug, probe, layer, removal steps).
+* :func:`detect` - behavioural verdict on the installed Automodel for one workaround.
+* :func:`apply` / :func:`revert` / :func:`is_applied` / :func:`active` - the run-time layers.
+* :data:`SOURCE_PATCH` - a unified diff for forks of 0.5.0, 0.6.0 and 0.7.0 (keep-cpu-backend).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from automodel_patch import _apply
 from automodel_patch._apply import (
-    REMOVAL_CONDITION,
-    WORKAROUND,
+    MARKER,
+    ApplyReport,
     ApplyStatus,
+    active,
     apply,
+    detect,
     get_original,
     is_applied,
     patched_names,
     revert,
 )
-from automodel_patch._detect import is_supported, keeps_cpu_backend, reaches_cpu_mesh
 from automodel_patch._override import keep_all_backends_override
 from automodel_patch._target import build_accepts_timeout, installed_version
+from automodel_patch._verdict import Detection, Verdict
+from automodel_patch._workaround import Workaround
+from automodel_patch.cpu_mesh_timeout import WORKAROUND as CPU_MESH_TIMEOUT  # AUTOMODEL-WORKAROUND(cpu-mesh-timeout)
+from automodel_patch.keep_cpu_backend import WORKAROUND as KEEP_CPU_BACKEND  # AUTOMODEL-WORKAROUND(keep-cpu-backend)
 
 __all__ = [
-    "REMOVAL_CONDITION",
+    "MARKER",
     "SOURCE_PATCH",
-    "WORKAROUND",
+    "WORKAROUNDS",
+    "ApplyReport",
     "ApplyStatus",
+    "Detection",
+    "Verdict",
+    "Workaround",
+    "active",
     "apply",
     "build_accepts_timeout",
+    "detect",
     "get_original",
     "installed_version",
     "is_applied",
-    "is_supported",
     "keep_all_backends_override",
-    "keeps_cpu_backend",
     "patched_names",
-    "reaches_cpu_mesh",
     "revert",
+    "workaround",
 ]
 
+#: Every workaround, in the order their layers stack (the first is nearest Automodel's own code).
+WORKAROUNDS: tuple[Workaround, ...] = (
+    KEEP_CPU_BACKEND,  # AUTOMODEL-WORKAROUND(keep-cpu-backend)
+    CPU_MESH_TIMEOUT,  # AUTOMODEL-WORKAROUND(cpu-mesh-timeout)
+)
+_apply._register(WORKAROUNDS)
+
 SOURCE_PATCH = Path(__file__).with_name("keep-cpu-backend.patch")
+
+
+def workaround(slug: str) -> Workaround:
+    """The workaround named ``slug``; ValueError naming the known ones otherwise."""
+    return _apply._workaround(slug)

@@ -1,4 +1,4 @@
-"""The corrected backend override, and two run-time companions.
+"""The corrected backend override, and the companion that lets world-sized axes reuse the default group.
 
 Upstream ``_nccl_backend_override`` (nemo-automodel 0.5.0 to 0.7.0) returns
 ``("nccl", options)`` for every mesh axis when a timeout is requested. With a
@@ -18,7 +18,6 @@ plain ``Backend.Options``.
 from __future__ import annotations
 
 import datetime
-import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -32,7 +31,8 @@ __all__ = [
     "default_group_timeouts",
     "keep_all_backends_override",
     "make_init_device_mesh",
-    "make_unflatten_compat",
+    "reuses_default_group",
+    "without_reusable",
 ]
 
 BackendOverride = dict[str, tuple[str, Any]]
@@ -90,7 +90,7 @@ def default_group_timeouts() -> dict[str, datetime.timedelta]:
     return {device: group._get_backend(torch.device(device)).options._timeout for device in devices}
 
 
-def _reuses_default_group(size: int, config: tuple[str, Any] | None) -> bool:
+def reuses_default_group(size: int, config: tuple[str, Any] | None) -> bool:
     """Whether an axis of ``size`` ranks may reuse the default group instead of ``config``.
 
     True when the axis spans the world and the override asks for nothing the
@@ -105,10 +105,10 @@ def _reuses_default_group(size: int, config: tuple[str, Any] | None) -> bool:
     return timeout is None or all(t == timeout for t in default_group_timeouts().values())
 
 
-def _without_reusable(override: Mapping[str, Any] | None, sizes: Mapping[str, int]) -> BackendOverride | None:
+def without_reusable(override: Mapping[str, Any] | None, sizes: Mapping[str, int]) -> BackendOverride | None:
     if not override:
         return None
-    kept = {axis: cfg for axis, cfg in override.items() if not _reuses_default_group(sizes[axis], cfg)}
+    kept = {axis: cfg for axis, cfg in override.items() if not reuses_default_group(sizes[axis], cfg)}
     return kept or None
 
 
@@ -132,7 +132,7 @@ def make_init_device_mesh(init_device_mesh: Callable[..., Any]) -> Callable[...,
     ) -> Any:
         if backend_override and mesh_dim_names:
             sizes = dict(zip(mesh_dim_names, mesh_shape, strict=True))
-            backend_override = _without_reusable(
+            backend_override = without_reusable(
                 {axis: cfg for axis, cfg in backend_override.items() if axis in sizes}, sizes
             )
         return init_device_mesh(
@@ -145,35 +145,3 @@ def make_init_device_mesh(init_device_mesh: Callable[..., Any]) -> Callable[...,
 
     init_device_mesh_reusing_default_group.__wrapped__ = init_device_mesh  # type: ignore[attr-defined]
     return init_device_mesh_reusing_default_group
-
-
-def make_unflatten_compat(unflatten_compat: Callable[..., Any], mesh_utils: Any) -> Callable[..., Any] | None:
-    """Wrap ``_unflatten_compat`` so a CPU mesh's MoE sub-groups get the timeout.
-
-    Upstream passes a timeout to ``DeviceMesh._unflatten`` only when the mesh is
-    on CUDA. On a CPU (gloo) mesh the MoE axes then keep gloo's 30 minutes.
-    Returns None when the installed function takes no ``timeout_minutes``
-    (0.5.0), which has no timeout plumbing for the MoE mesh at all.
-    """
-    if "timeout_minutes" not in inspect.signature(unflatten_compat).parameters:
-        return None
-
-    def unflatten_compat_with_cpu_timeout(
-        flat_mesh: Any,
-        axis: int,
-        sizes: tuple[int, ...],
-        names: tuple[str, ...],
-        *,
-        timeout_minutes: float | None = None,
-    ) -> Any:
-        if timeout_minutes is not None and flat_mesh.device_type != "cuda" and hasattr(flat_mesh, "_unflatten"):
-            override = mesh_utils._nccl_backend_override(
-                names, device_type=flat_mesh.device_type, timeout_minutes=timeout_minutes
-            )
-            override = _without_reusable(override, dict(zip(names, sizes, strict=True)))
-            if override:
-                return flat_mesh._unflatten(axis, sizes, names, backend_override=override)
-        return unflatten_compat(flat_mesh, axis, sizes, names, timeout_minutes=timeout_minutes)
-
-    unflatten_compat_with_cpu_timeout.__wrapped__ = unflatten_compat  # type: ignore[attr-defined]
-    return unflatten_compat_with_cpu_timeout

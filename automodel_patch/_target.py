@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import re
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -29,12 +30,13 @@ __all__ = [
 MESH_UTILS_MODULE = "nemo_automodel.components.distributed.mesh_utils"
 MESH_MODULE = "nemo_automodel.components.distributed.mesh"
 OVERRIDE_NAME = "_nccl_backend_override"
+_GIT_SHA = re.compile(r"[0-9a-f]{7,40}")
 
 
 def _load(name: str) -> ModuleType | None:
     try:
         return importlib.import_module(name)
-    except ImportError:
+    except Exception:  # missing, or a release that does not import on this torch: nothing to probe
         return None
 
 
@@ -86,6 +88,8 @@ def _public_version(text: str) -> Version | None:
         version = Version(text)
     except InvalidVersion:
         return None
-    # package_info appends "+<sha>" of whatever git checkout encloses the installed files
-    # (here: this project's own repository, since .venv lives in it), so keep the public part.
-    return Version(version.public)
+    # package_info appends "+<short sha>" of whatever git checkout encloses the installed files
+    # (here: this project's own repository, since .venv lives in it): drop that, keep real local labels.
+    if version.local is not None and _GIT_SHA.fullmatch(version.local):
+        return Version(version.public)
+    return version

@@ -1,7 +1,7 @@
 """Helpers shared by ``startup_cost.py``, ``process_groups.py`` and ``hang_detection.py``.
 
 Driver side: run the rank function on real local processes
-(:func:`nemo_rl_shim.launch.spawn_ranks`), print tables, write JSON under
+(:func:`nemo_rl_shim.cli.launch.spawn_ranks`), print tables, write JSON under
 ``benchmarks/results/``. Rank side: :class:`RankSync`, a key-value store that
 outlives every process group, so one set of rank processes (paying torch's and
 Automodel's import once) can create, use and destroy several default groups in
@@ -65,11 +65,28 @@ def environment() -> dict[str, Any]:
     }
 
 
+#: Keys holding per-run and per-call raw data: kept in the raw file only, never in the committed summary.
+BULKY_KEYS = frozenset({"runs", "facts", "calls", "samples", "minimum"})
+
+
+def _summary(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _summary(v) for k, v in value.items() if k not in BULKY_KEYS}
+    if isinstance(value, list):
+        return [_summary(v) for v in value]
+    return value
+
+
 def write_results(name: str, data: dict[str, Any]) -> Path:
-    """Write ``data`` to ``benchmarks/results/<name>.json`` and return the path."""
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    """Write the summary to ``benchmarks/results/<name>.json`` (committed: what the README quotes) and
+    everything, per-run samples included, to ``benchmarks/results/raw/<name>.json`` (ignored by git;
+    rerun the benchmark to regenerate it). Returns the summary's path."""
+    raw = RESULTS_DIR / "raw" / f"{name}.json"
+    raw.parent.mkdir(parents=True, exist_ok=True)
+    raw.write_text(json.dumps(data, indent=2, default=str) + "\n")
     path = RESULTS_DIR / f"{name}.json"
-    path.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    summary = {**_summary(data), "raw": f"{raw.relative_to(ROOT)} (not committed: rerun benchmarks/{name}.py)"}
+    path.write_text(json.dumps(summary, indent=2, default=str) + "\n")
     return path
 
 
@@ -89,9 +106,9 @@ def run_ranks(target: str, params: Any, *, world_size: int, timeout_s: float) ->
 
     The repository root goes first on the ranks' ``PYTHONPATH`` so ``benchmarks.*``
     imports wherever the script was started from. Any failed rank raises
-    :class:`nemo_rl_shim.launch.RanksFailed` with its traceback.
+    :class:`nemo_rl_shim.cli.launch.RanksFailed` with its traceback.
     """
-    from nemo_rl_shim.launch import spawn_ranks
+    from nemo_rl_shim.cli.launch import spawn_ranks
 
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     start = time.perf_counter()
@@ -116,7 +133,7 @@ def build_directly(
 
 def set_rank_env(rank: int, world_size: int, port: int) -> None:
     """Point ``env://`` rendezvous (what ``setup_distributed`` uses) at ``port`` for ``world_size`` ranks."""
-    from nemo_rl_shim.launch import launcher_env
+    from nemo_rl_shim.cli.launch import launcher_env
 
     os.environ.update(launcher_env(rank, world_size, port))
 
@@ -159,7 +176,7 @@ class RankSync:
     def port(self, key: str) -> int:
         """A free loopback port chosen by rank 0, the same on every rank that asks for ``key``."""
         if self.rank == 0:
-            from nemo_rl_shim.launch import free_port
+            from nemo_rl_shim.cli.launch import free_port
 
             self.store.set(f"port/{key}", str(free_port()))
         return int(self.store.get(f"port/{key}"))

@@ -249,7 +249,7 @@ def rank_worker(params: dict[str, Any]) -> dict[str, Any] | None:
                         continue
                     variants = {}
                     for variant in ("upstream", "fixed"):
-                        status = automodel_patch.apply().value if variant == "fixed" else None
+                        status = automodel_patch.apply().to_dict() if variant == "fixed" else None
                         variants[variant] = {"apply": status, **_build(world, sizes, reported)}
                     automodel_patch.revert()
                     sync.put(f"{key}/{name}/{rank}", variants)

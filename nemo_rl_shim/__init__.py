@@ -4,6 +4,9 @@
 for PPO) reaches ``init_process_group`` and every DeviceMesh sub-group, without
 breaking FSDP2 CPU offload's Gloo half. Importing this package does not import
 nemo-automodel; that happens on the first ``setup_distributed`` or detection.
+
+This package is the library a training worker imports. The ``nemo-rl-shim`` command lives
+in :mod:`nemo_rl_shim.cli`, which imports the library and is never imported by it.
 """
 
 from __future__ import annotations
@@ -16,9 +19,10 @@ from nemo_rl_shim.config import (
     load_config,
     patch_automodel,
 )
-from nemo_rl_shim.decision import Action, Decision, decide
-from nemo_rl_shim.distributed_setup import DistributedContext, RuntimeConfig, setup_distributed
+from nemo_rl_shim.decision import Action, Decision, WorkaroundState, decide
+from nemo_rl_shim.distributed_setup import DistributedContext, RuntimeConfig, check_layout, setup_distributed
 from nemo_rl_shim.process_group import backend_for, init_process_group
+from nemo_rl_shim.support import UnsupportedVersions
 
 __all__ = [
     "Action",
@@ -26,8 +30,11 @@ __all__ = [
     "Decision",
     "DistributedContext",
     "RuntimeConfig",
+    "UnsupportedVersions",
+    "WorkaroundState",
     "automodel_cfg",
     "backend_for",
+    "check_layout",
     "decide",
     "distributed_timeout_minutes",
     "distributed_timeout_minutes_after_init",

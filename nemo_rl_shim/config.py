@@ -13,12 +13,14 @@ from pathlib import Path
 from typing import Any, Literal, NotRequired, TypedDict
 
 __all__ = [
+    "MIN_TIMEOUT",
     "ROLES",
     "AutomodelConfig",
     "automodel_cfg",
     "distributed_timeout_minutes",
     "distributed_timeout_minutes_after_init",
     "load_config",
+    "minutes_timedelta",
     "patch_automodel",
 ]
 
@@ -27,6 +29,9 @@ ROLES: tuple[Role, ...] = ("policy", "value")
 
 # The largest minute count datetime.timedelta accepts (999,999,999 days).
 _MAX_MINUTES = datetime.timedelta.max.total_seconds() / 60
+#: The smallest timeout a process group keeps: torch stores timeouts in whole milliseconds,
+#: so anything shorter becomes 0 and every collective would time out at once.
+MIN_TIMEOUT = datetime.timedelta(milliseconds=1)
 
 
 class AutomodelConfig(TypedDict):
@@ -77,10 +82,23 @@ def _positive_minutes(value: Any, key: str) -> float | None:
     if value > _MAX_MINUTES:
         raise ValueError(f"{rule} no larger than {_MAX_MINUTES:.0f} (datetime.timedelta's limit), got {value!r}")
     try:
-        datetime.timedelta(minutes=value)
+        timeout = datetime.timedelta(minutes=value)
     except OverflowError as e:
         raise ValueError(f"{rule} that datetime.timedelta can hold, got {value!r}") from e
+    if timeout < MIN_TIMEOUT:
+        raise ValueError(
+            f"{rule}, got {value!r}: that is {timeout.total_seconds() * 1000:g} ms, and torch keeps process-group "
+            "timeouts in whole milliseconds, so it would be 0 and every collective would time out at once"
+        )
     return float(value)
+
+
+def minutes_timedelta(value: Any, key: str) -> datetime.timedelta:
+    """``value`` minutes as a timedelta of at least :data:`MIN_TIMEOUT`; ValueError naming ``key`` otherwise."""
+    minutes = _positive_minutes(value, key)
+    if minutes is None:
+        raise ValueError(f"{key} must be a positive number of minutes, got None")
+    return datetime.timedelta(minutes=minutes)
 
 
 def distributed_timeout_minutes(cfg: Mapping[str, Any], where: str = "policy.automodel_cfg") -> float | None:

@@ -1,21 +1,34 @@
 """What happens to the configured timeout on the installed Automodel, and why.
 
-Decided by feature detection (``MeshContext.build``'s signature and
-:func:`automodel_patch.keeps_cpu_backend`), never by a version comparison.
+Decided by feature detection (``MeshContext.build``'s signature and each workaround's
+behavioural probe, :func:`automodel_patch.detect`), never by a version comparison.
 :func:`decide` has no side effects; ``setup_distributed`` carries it out.
+
+Which workaround matters follows the default group the run will have:
+
+* ``"cuda:nccl,cpu:gloo"`` (GPUs, CPU offload): ``keep-cpu-backend``;
+* ``"gloo"`` (no CUDA device): ``cpu-mesh-timeout``;
+* ``"nccl"`` (GPUs, no CPU offload): none; NCCL-only sub-groups lose nothing.
+
+A probe that cannot judge the installed code ("unknown") is handled on purpose: with
+``patch_automodel`` on, the workaround is applied (its layer is correct whatever the genuine
+code does); with it off, a timeout that might break CPU offload is not forwarded. Either
+way one warning says so.
 """
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 import automodel_patch
+from automodel_patch import Verdict
+from nemo_rl_shim.process_group import backend_for
 
-__all__ = ["Action", "Decision", "decide"]
+__all__ = ["Action", "Decision", "WorkaroundState", "decide"]
 
 
 class Action(enum.StrEnum):
@@ -25,12 +38,31 @@ class Action(enum.StrEnum):
     NO_TIMEOUT = "no_timeout"
     #: Default group and every mesh sub-group get the timeout.
     FORWARD = "forward"
-    #: Apply the fork fix first, then forward.
+    #: Apply the workaround(s) in ``Decision.patches`` first, then forward.
     PATCH_AND_FORWARD = "patch_and_forward"
     #: The pin has no ``MeshContext.build(timeout_minutes=)``: default group only.
     DEFAULT_GROUP_ONLY = "default_group_only"
-    #: Forwarding would build NCCL-only sub-groups under CPU offload: default group only.
+    #: Forwarding could build sub-groups without the CPU half under CPU offload: default group only.
     NOT_FORWARDED = "not_forwarded"
+
+
+@dataclass(frozen=True)
+class WorkaroundState:
+    """One workaround as this decision sees it."""
+
+    slug: str
+    #: It matters for the run's default group.
+    relevant: bool
+    #: The probe's verdict on Automodel's genuine code (``automodel_patch.Verdict`` value).
+    verdict: str
+    reason: str
+    #: Already in force in this process.
+    active: bool
+    #: ``setup_distributed`` applies it.
+    apply: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
 
 
 @dataclass(frozen=True)
@@ -38,7 +70,7 @@ class Decision:
     """The outcome of :func:`decide`.
 
     ``forward_minutes`` is what goes to ``MeshContext.build(timeout_minutes=)``;
-    ``warning`` is set when the sub-groups will not get the configured timeout.
+    ``warning`` is set when something is not as configured or could not be judged.
     """
 
     action: Action
@@ -46,14 +78,21 @@ class Decision:
     cpu_offload: bool
     reason: str
     warning: str | None = None
+    default_backend: str | None = None
+    workarounds: tuple[WorkaroundState, ...] = field(default=())
 
     @property
     def forward_minutes(self) -> float | None:
         return self.timeout_minutes if self.action in (Action.FORWARD, Action.PATCH_AND_FORWARD) else None
 
     @property
+    def patches(self) -> tuple[str, ...]:
+        """Slugs of the workarounds ``setup_distributed`` applies."""
+        return tuple(w.slug for w in self.workarounds if w.apply)
+
+    @property
     def apply_patch(self) -> bool:
-        return self.action is Action.PATCH_AND_FORWARD
+        return bool(self.patches)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form, for reports and for results sent between ranks."""
@@ -63,15 +102,42 @@ class Decision:
             "warning": self.warning,
             "timeout_minutes": self.timeout_minutes,
             "forward_minutes": self.forward_minutes,
+            "default_backend": self.default_backend,
             "apply_patch": self.apply_patch,
+            "patches": list(self.patches),
+            "workarounds": [w.to_dict() for w in self.workarounds],
         }
 
 
-def _cpu_half_source() -> str | None:
-    """``"natively"``, ``"after the fork fix"``, or None when the installed override drops it."""
-    if not automodel_patch.keeps_cpu_backend():
-        return None
-    return "after the fork fix" if automodel_patch.is_applied() else "natively"
+#: Per relevant workaround: what the run loses without it, and what "fixed" means.
+_PROBLEM = {
+    "keep-cpu-backend": "CPU offload is on and the installed Automodel drops the CPU half",
+    "cpu-mesh-timeout": "on a CPU (gloo) mesh the installed Automodel passes no timeout to the mesh sub-groups",
+}
+_FIXED = {
+    "keep-cpu-backend": "the installed Automodel keeps the CPU half",
+    "cpu-mesh-timeout": "the installed Automodel gives a CPU (gloo) mesh's sub-groups the timeout",
+}
+
+
+def _states(backend: str) -> list[WorkaroundState]:
+    states = []
+    for w in automodel_patch.WORKAROUNDS:
+        detection = automodel_patch.detect(w.slug)
+        states.append(
+            WorkaroundState(
+                w.slug,
+                backend in w.default_backends,
+                detection.verdict.value,
+                detection.reason,
+                automodel_patch.is_applied(w.slug),
+            )
+        )
+    return states
+
+
+def _with_apply(states: list[WorkaroundState], slug: str) -> tuple[WorkaroundState, ...]:
+    return tuple(WorkaroundState(**{**s.__dict__, "apply": True}) if s.slug == slug else s for s in states)
 
 
 def decide(
@@ -84,21 +150,15 @@ def decide(
 ) -> Decision:
     """Decide how ``timeout_minutes`` (already validated) reaches the process groups.
 
-    * no timeout: nothing to forward;
-    * pin without ``MeshContext.build(timeout_minutes=)`` (0.3.0, 0.4.0): default group only, with a warning;
-    * pin that keeps the CPU half (natively or after the fork fix): forward;
-    * pin that drops it, CPU offload off: forward, nothing is lost;
-    * pin that drops it, CPU offload on: apply the fork fix and forward; with
-      ``patch_automodel: false``, or when the fix cannot apply, do not forward, and warn.
-
-    ``cpu_mesh`` (default: no CUDA device here) means the default group is plain
-    ``"gloo"``. Upstream then forwards the timeout to the default group alone, so
-    the fork fix is applied there too; with ``patch_automodel: false`` the
-    timeout is still forwarded, with a warning that sub-groups keep gloo's default.
+    ``cpu_mesh`` (default: no CUDA device here) means the default group is plain ``"gloo"``.
+    See the module docstring for which workaround matters where.
     """
+    if cpu_mesh is None:
+        cpu_mesh = not torch.cuda.is_available()
+    backend = backend_for(cpu_offload=cpu_offload, cuda_available=not cpu_mesh)
 
-    def make(action: Action, reason: str, warning: str | None = None) -> Decision:
-        return Decision(action, timeout_minutes, cpu_offload, reason, warning)
+    def make(action: Action, reason: str, warning: str | None = None, states: Any = ()) -> Decision:
+        return Decision(action, timeout_minutes, cpu_offload, reason, warning, backend, tuple(states))
 
     if timeout_minutes is None:
         return make(Action.NO_TIMEOUT, f"{where}.distributed_timeout_minutes is unset: torch's defaults apply")
@@ -110,38 +170,45 @@ def decide(
             f"nemo-automodel {version} cannot pass a timeout to its mesh sub-groups: only the default group gets "
             f"{timeout_minutes:g} min; sub-groups keep torch's default (10 min NCCL, 30 min Gloo).",
         )
-    if cpu_mesh is None:
-        cpu_mesh = not torch.cuda.is_available()
-    source = _cpu_half_source()
-    drops_cpu_half = cpu_offload and source is None
-    misses_cpu_mesh = cpu_mesh and not automodel_patch.reaches_cpu_mesh()
-    if not (drops_cpu_half or misses_cpu_mesh):
-        if source is not None:
-            return make(Action.FORWARD, f"the installed Automodel keeps the CPU half {source}")
-        return make(Action.FORWARD, "the installed Automodel drops the CPU half, but CPU offload is off")
+    states = _states(backend)
+    relevant = next((s for s in states if s.relevant), None)
+    if relevant is None:
+        reason = "CPU offload is off: the default group is nccl, so NCCL-only sub-groups lose nothing"
+        return make(Action.FORWARD, reason, states=states)
+    slug, verdict = relevant.slug, Verdict(relevant.verdict)
+    if relevant.active:
+        return make(Action.FORWARD, f"{_FIXED[slug]} after the fork fix ({slug} is in force)", states=states)
+    if verdict is Verdict.NOT_NEEDED:
+        return make(Action.FORWARD, f"{_FIXED[slug]} natively", states=states)
 
-    if drops_cpu_half:
-        problem = "CPU offload is on and the installed Automodel drops the CPU half"
+    offload_at_risk = slug == "keep-cpu-backend"
+    if verdict is Verdict.NEEDED:
+        problem = _PROBLEM[slug]
+    elif verdict is Verdict.UNKNOWN:
+        problem = f"detection cannot judge the installed Automodel for {slug} ({relevant.reason})"
     else:
-        problem = "on a CPU (gloo) mesh the installed Automodel passes no timeout to the mesh sub-groups"
-    # The fork fix replaces only an override that drops the CPU half; apply() reports NOT_NEEDED otherwise.
-    if patch_automodel and source is None and automodel_patch.is_supported():
-        return make(Action.PATCH_AND_FORWARD, problem)
-
-    if not patch_automodel:
-        why = f"{where}.patch_automodel is false"
-    else:
-        why = f"the fork fix cannot apply to nemo-automodel {automodel_patch.installed_version()}"
-    if drops_cpu_half:
+        problem = f"the installed Automodel has nothing the {slug} workaround can replace ({relevant.reason})"
+    if patch_automodel and verdict in (Verdict.NEEDED, Verdict.UNKNOWN):
+        unknown = verdict is Verdict.UNKNOWN
+        warning = (
+            f"{problem}: applying the {slug} workaround, whose layer is correct whatever the installed code does"
+            if unknown
+            else None
+        )
+        return make(Action.PATCH_AND_FORWARD, problem, warning, _with_apply(states, slug))
+    why = f"{where}.patch_automodel is false" if not patch_automodel else f"the {slug} workaround cannot apply"
+    if offload_at_risk:
         return make(
             Action.NOT_FORWARDED,
             f"{problem}, and {why}",
-            f"{why} and the installed nemo-automodel would build NCCL-only mesh sub-groups under CPU offload: "
-            f"the {timeout_minutes:g} min timeout reaches the default group only.",
+            f"{why} and the installed nemo-automodel may build mesh sub-groups without the CPU half under CPU "
+            f"offload: the {timeout_minutes:g} min timeout reaches the default group only.",
+            states,
         )
     return make(
         Action.FORWARD,
         f"{problem}, and {why}",
-        f"{why}: on this CPU (gloo) mesh the {timeout_minutes:g} min timeout reaches the default group only; "
+        f"{why}: on this CPU (gloo) mesh the {timeout_minutes:g} min timeout may reach the default group only; "
         "sub-groups keep gloo's 30-minute default.",
+        states,
     )

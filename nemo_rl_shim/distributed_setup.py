@@ -1,12 +1,15 @@
 """``setup_distributed``: NeMo RL's Automodel-path set-up, with the timeout carried through.
 
-Order: validate the config (no process group yet), decide, apply the fork fix
-if the decision says so, initialize the default group, build the meshes.
+Order: validate the config and the layout (no process group yet), check that this torch
+and nemo-automodel can run together, decide, apply the workarounds the decision names,
+initialize the default group, build the meshes. The result is a NamedTuple whose first
+seven fields are NeMo RL's ``DistributedContext``, so a worker can take it as is.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -19,8 +22,17 @@ import automodel_patch
 from nemo_rl_shim import config as cfg
 from nemo_rl_shim.decision import Decision, decide
 from nemo_rl_shim.process_group import backend_for, init_process_group
+from nemo_rl_shim.support import require_supported
 
-__all__ = ["DistributedContext", "ParallelSizes", "RuntimeConfig", "parallel_sizes", "setup_distributed"]
+__all__ = [
+    "NEMO_RL_FIELDS",
+    "DistributedContext",
+    "ParallelSizes",
+    "RuntimeConfig",
+    "check_layout",
+    "parallel_sizes",
+    "setup_distributed",
+]
 
 _DIST = "nemo_automodel.components.distributed"
 
@@ -42,9 +54,13 @@ class ParallelSizes:
     dp_replicate: int = 1
 
 
-@dataclass
-class DistributedContext:
-    """What ``setup_distributed`` built, and what it decided about the timeout."""
+class DistributedContext(NamedTuple):
+    """What ``setup_distributed`` built: NeMo RL's seven fields, in its order, then the shim's own.
+
+    A worker written for NeMo RL's ``DistributedContext`` (``nemo_rl/models/automodel/config.py``)
+    unpacks or indexes the first seven exactly as before; ``decision`` and
+    ``timeout_minutes_after_init`` follow with defaults.
+    """
 
     device_mesh: Any
     moe_mesh: Any
@@ -53,8 +69,12 @@ class DistributedContext:
     dp_size: int
     tp_size: int
     cp_size: int
-    decision: Decision
+    decision: Decision | None = None
     timeout_minutes_after_init: float | None = None
+
+
+#: NeMo RL's ``DistributedContext`` fields, in order.
+NEMO_RL_FIELDS = ("device_mesh", "moe_mesh", "fsdp2_config", "moe_config", "dp_size", "tp_size", "cp_size")
 
 
 _SIZE_KEYS = {
@@ -141,7 +161,42 @@ def _axis_size(device_mesh: Any, name: str) -> int:
     if name in device_mesh.mesh_dim_names:
         # size(dim), not mesh[name].size(): slicing builds a sub-mesh (~2 ms each on torch 2.15)
         return device_mesh.size(device_mesh.mesh_dim_names.index(name))
-    return device_mesh._get_root_mesh()._flatten_mapping[name].size()
+    flattened = getattr(device_mesh, "_flatten_mapping", None) or {}
+    if name in flattened:  # torch 2.10 and later record flattened axes on the root mesh
+        return flattened[name].size()
+    return device_mesh[name].size()  # torch 2.9: a flattened axis is reached by slicing, as NeMo RL does
+
+
+def check_layout(
+    sizes: ParallelSizes, world_size: int, *, cpu_offload: bool, where: str = "policy.dtensor_cfg"
+) -> None:
+    """NeMo RL's own layout checks, with the ``dtensor_cfg`` key and the values in the message.
+
+    * HSDP: ``dp_replicate_size`` must divide ``world_size // (tp * cp * ep)`` (ValueError);
+    * CPU offload on a world of one rank is not supported by Automodel (NotImplementedError).
+    """
+    model_parallel = sizes.tp * sizes.cp * sizes.ep
+    dp = world_size // model_parallel
+    if dp % sizes.dp_replicate != 0:
+        raise ValueError(
+            f"{where}.dp_replicate_size must divide the data-parallel size, world size {world_size} // "
+            f"(tensor_parallel_size {sizes.tp} * context_parallel_size {sizes.cp} * expert_parallel_size "
+            f"{sizes.ep}) = {dp}, got {sizes.dp_replicate}"
+        )
+    if world_size == 1 and cpu_offload:
+        raise NotImplementedError(
+            f"{where}.cpu_offload is true on a world of 1 rank: CPUOffload doesn't work on single GPU for "
+            "AutoModel. If you need this feature, please file an issue on https://github.com/NVIDIA-NeMo/Automodel."
+        )
+
+
+def _launcher_world_size() -> int | None:
+    """``WORLD_SIZE`` as the launcher set it for ``init_process_group``'s env:// rendezvous, if it did."""
+    value = os.environ.get("WORLD_SIZE")
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
 
 
 def setup_distributed(
@@ -150,11 +205,13 @@ def setup_distributed(
     """Initialize torch.distributed and build the device meshes for one model.
 
     ``config`` is the model's section (``policy``, or ``value`` for PPO's value
-    model, named by ``role`` in error messages). Every config value is checked
-    before any process group exists. The returned context carries the
-    :class:`~nemo_rl_shim.decision.Decision` that says what happened to the
-    timeout. World size 1 with CPU offload raises ``NotImplementedError``, as
-    in NeMo RL, after tearing the just-created default group down again.
+    model, named by ``role`` in error messages). Every config value, and the layout
+    against the launcher's ``WORLD_SIZE``, is checked before any process group exists;
+    so is the torch/nemo-automodel pair (:class:`~nemo_rl_shim.support.UnsupportedVersions`).
+    The returned context carries the :class:`~nemo_rl_shim.decision.Decision` that says
+    what happened to the timeout. World size 1 with CPU offload raises
+    ``NotImplementedError``, as in NeMo RL; found only after the rendezvous (no
+    ``WORLD_SIZE``), the just-created default group is torn down again first.
     """
     where = f"{role}.automodel_cfg"
     automodel_cfg = cfg.automodel_cfg({role: config}, role)
@@ -163,24 +220,30 @@ def setup_distributed(
     patch = cfg.patch_automodel(automodel_cfg, where)
     dtensor_cfg = config.get("dtensor_cfg") or {}
     sizes = parallel_sizes(dtensor_cfg, f"{role}.dtensor_cfg")
+    expected_world = _launcher_world_size()
+    if expected_world is not None:
+        check_layout(sizes, expected_world, cpu_offload=runtime_config.cpu_offload, where=f"{role}.dtensor_cfg")
+    require_supported()
 
     cpu_mesh = backend_for(cpu_offload=runtime_config.cpu_offload) == "gloo"
     decision = decide(
         timeout, cpu_offload=runtime_config.cpu_offload, patch_automodel=patch, where=where, cpu_mesh=cpu_mesh
     )
-    if decision.apply_patch:
-        automodel_patch.apply()
+    if decision.patches:
+        automodel_patch.apply(*decision.patches)
     if decision.warning:
         warnings.warn(decision.warning, RuntimeWarning, stacklevel=2)
 
+    created = not dist.is_initialized()
     init_process_group(cpu_offload=runtime_config.cpu_offload, timeout_minutes=timeout)
     world_size = dist.get_world_size()
-    if world_size == 1 and runtime_config.cpu_offload:
-        dist.destroy_process_group()
-        raise NotImplementedError(
-            "CPUOffload doesn't work on single GPU for AutoModel. "
-            "If you need this feature, please file an issue on https://github.com/NVIDIA-NeMo/Automodel."
-        )
+    if world_size != expected_world:
+        try:
+            check_layout(sizes, world_size, cpu_offload=runtime_config.cpu_offload, where=f"{role}.dtensor_cfg")
+        except (ValueError, NotImplementedError):
+            if created:  # nothing half done: the group this call made goes too (a caller's group stays)
+                dist.destroy_process_group()
+            raise
 
     fsdp2_config = _fsdp2_config(dtensor_cfg, runtime_config)
     device_mesh, moe_mesh = _build_meshes(fsdp2_config, sizes, world_size, decision)

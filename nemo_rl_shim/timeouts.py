@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
+from nemo_rl_shim.config import minutes_timedelta
 from nemo_rl_shim.groups import backend_timeouts, named_groups
 
 __all__ = [
@@ -102,12 +103,6 @@ def set_timeouts(
             _set_backend_timeouts(group, timeout[name])
 
 
-def _minutes(value: float, what: str) -> datetime.timedelta:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"{what} must be a positive number of minutes, got {value!r}")
-    return datetime.timedelta(minutes=value)
-
-
 def after_first_step(context: Any, minutes: float | None = None) -> bool:
     """Drop every group to the steady timeout once the first training step is done.
 
@@ -118,7 +113,7 @@ def after_first_step(context: Any, minutes: float | None = None) -> bool:
         minutes = context.timeout_minutes_after_init
     if minutes is None:
         return False
-    set_timeouts(context, _minutes(minutes, "the steady-state timeout"))
+    set_timeouts(context, minutes_timedelta(minutes, "the steady-state timeout"))
     return True
 
 
@@ -130,7 +125,7 @@ def extended_timeout(context: Any, minutes: float) -> Iterator[None]:
     behind a barrier; an exception restores this rank's values without one, so a
     failing rank does not wait on peers that may never arrive.
     """
-    raised = _minutes(minutes, "extended_timeout minutes")
+    raised = minutes_timedelta(minutes, "extended_timeout minutes")
     previous = current_timeouts(context)
     set_timeouts(context, raised, barrier=False)
     try:

@@ -1,20 +1,55 @@
-"""Shared fixtures: released Automodel sources, and skip marks with the numbers found."""
+"""Shared fixtures: released Automodel sources, and how a missing resource ends a test.
+
+A test that needs something this machine may lack (the package index, a private network
+namespace for Ray) calls :func:`unavailable`: a developer offline gets a skip naming what
+is missing; CI (``NEMO_RL_SHIM_CI=1``, set by ``.ci/run``) gets a failure, so a green CI
+run has really run every test.
+"""
 
 from __future__ import annotations
+
+import os
+from typing import NoReturn
 
 import pytest
 
 from tests.releases import ReleaseUnavailable, release_env
 
+IN_CI = os.environ.get("NEMO_RL_SHIM_CI") == "1"
+
+
+def unavailable(reason: str) -> NoReturn:
+    """Skip with ``reason``, or fail with it under CI."""
+    if IN_CI:
+        pytest.fail(f"{reason} (NEMO_RL_SHIM_CI=1: CI must run this test, not skip it)", pytrace=False)
+    pytest.skip(reason)
+
 
 @pytest.fixture(scope="session")
 def release_environment():
-    """``release_environment(version)`` -> env for a spawned process, or a skip naming why it is unavailable."""
+    """``release_environment(version)`` -> env for a spawned process, or :func:`unavailable` naming why not."""
 
     def get(version: str) -> dict[str, str]:
         try:
             return release_env(version)
         except ReleaseUnavailable as e:
-            pytest.skip(f"nemo-automodel {version} unavailable: {e}")
+            unavailable(f"nemo-automodel {version} unavailable: {e}")
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def release_facts(tmp_path_factory):
+    """``release_facts(name)`` -> :func:`tests.release_facts.facts_for`, shared by every xdist worker of the session."""
+    from tests.release_facts import facts_for
+
+    base = tmp_path_factory.getbasetemp()
+    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "release-facts"
+
+    def get(name: str) -> dict:
+        try:
+            return facts_for(name, shared)
+        except ReleaseUnavailable as e:
+            unavailable(f"nemo-automodel {name} unavailable: {e}")
 
     return get

@@ -1,9 +1,13 @@
-"""Released nemo-automodel sources, fetched from the package index and cached.
+"""Released nemo-automodel wheels and sources, fetched from the package index and cached.
 
-Only what the tested modules need is kept: the package ``__init__`` and
-version file, ``components/distributed`` and ``shared``. A release is used by
-putting its folder first on ``PYTHONPATH`` of a spawned process, where it
-shadows the installed (locked) release.
+Only what the tested modules need is kept as source: the package ``__init__`` and
+version file, ``components/distributed`` and ``shared``. A release is used by putting
+its folder first on ``PYTHONPATH`` of a spawned process, where it shadows the installed
+(locked) release. The wheel itself is kept too: the fixture wheels of
+:mod:`tests.fixture_wheels` are built from it.
+
+Fixture releases (a fixed 0.7.0, see :mod:`tests.fixture_wheels`) are named
+``"0.7.0+fixed.<style>"`` and go through the same :func:`release_dir` / :func:`release_env`.
 """
 
 from __future__ import annotations
@@ -17,11 +21,14 @@ from pathlib import Path
 
 __all__ = [
     "ALL_RELEASES",
+    "CACHE",
     "FIXED_FUNCTION_RELEASES",
     "LEGACY_RELEASES",
     "ReleaseUnavailable",
+    "extract_sources",
     "release_dir",
     "release_env",
+    "release_wheel",
 ]
 
 ALL_RELEASES = ("0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0")
@@ -60,18 +67,39 @@ def _download(version: str, dest: Path) -> Path:
     return wheels[0]
 
 
-def release_dir(version: str) -> Path:
-    """The cached source folder of one release, fetching it on first use."""
-    target = CACHE / version
+def release_wheel(version: str) -> Path:
+    """The cached wheel of one released version, downloaded on first use."""
+    folder = CACHE / "wheels" / version
+    found = sorted(folder.glob("nemo_automodel-*.whl"))
+    if found:
+        return found[0]
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="nemo-automodel-", dir=folder) as tmp:
+        wheel = _download(version, Path(tmp))
+        target = folder / wheel.name
+        os.replace(wheel, target)
+        return target
+
+
+def extract_sources(wheel: Path, target: Path) -> Path:
+    """Unpack the modules the tests import from ``wheel`` into ``target`` (once; marked complete)."""
     if (target / ".complete").exists():
         return target
-    with tempfile.TemporaryDirectory(prefix="nemo-automodel-") as tmp:
-        wheel = _download(version, Path(tmp))
-        with zipfile.ZipFile(wheel) as archive:
-            members = [n for n in archive.namelist() if n.endswith(".py") and n.startswith(_KEEP)]
-            archive.extractall(target, members=members)
+    with zipfile.ZipFile(wheel) as archive:
+        members = [n for n in archive.namelist() if n.endswith(".py") and n.startswith(_KEEP)]
+        archive.extractall(target, members=members)
     (target / ".complete").write_text(wheel.name + "\n")
     return target
+
+
+def release_dir(version: str) -> Path:
+    """The cached source folder of one release (or fixture release), fetching or building it on first use."""
+    if "+fixed." in version:
+        from tests.fixture_wheels import fixture_wheel
+
+        wheel = fixture_wheel(version.split("+fixed.", 1)[1])
+        return extract_sources(wheel, wheel.parent / "src")
+    return extract_sources(release_wheel(version), CACHE / version)
 
 
 def release_env(version: str) -> dict[str, str]:

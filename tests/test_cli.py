@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +20,7 @@ from packaging.version import Version
 
 import automodel_patch
 from nemo_rl_shim.cli import build_parser, main
-from nemo_rl_shim.status import render_status
+from nemo_rl_shim.cli.status import render_status
 from nemo_rl_shim.timeouts import TIMEOUT_API
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -50,47 +51,61 @@ def status_json() -> dict:
 
 @pytest.fixture(scope="module")
 def hidden_automodel(tmp_path_factory) -> str:
-    """A folder that, first on PYTHONPATH, makes ``import nemo_automodel`` fail.
+    """A folder that, first on PYTHONPATH, makes ``import nemo_automodel`` fail as if it were not installed.
 
-    This is the boundary simulated: a machine without the ``automodel`` extra.
-    The stub package raises ImportError from its ``__init__``, exactly what
-    importing a package that is not installed raises, while torch and the rest
-    of the environment stay real.
+    This is the boundary simulated: a machine without the ``automodel`` extra. The stub
+    package raises the very error a missing package raises (``ModuleNotFoundError`` naming
+    ``nemo_automodel``), while torch and the rest of the environment stay real.
     """
     root = tmp_path_factory.mktemp("no_automodel")
     (root / "nemo_automodel").mkdir()
     (root / "nemo_automodel" / "__init__.py").write_text(
-        'raise ImportError("nemo_automodel is hidden by tests/test_cli.py: the automodel extra is absent")\n'
+        "raise ModuleNotFoundError(\"No module named 'nemo_automodel'\", name='nemo_automodel')\n"
     )
     return str(root)
 
 
-def test_status_json_versions_verdict_decisions_workaround_and_timeout_api(status_json):
+KEEP, CPU_MESH = "keep-cpu-backend", "cpu-mesh-timeout"
+RUNS = ["GPUs, CPU offload", "GPUs, no CPU offload", "no CUDA device"]
+
+
+def test_status_json_versions_support_workarounds_and_decisions(status_json):
     s = status_json
-    assert Version(s["torch"]) == Version(str(torch.__version__))
+    assert Version(s["torch"]) == Version(Version(str(torch.__version__)).public)
+    assert s["python"] == platform.python_version()
     assert Version(s["nemo_automodel"]) == automodel_patch.installed_version()
-    assert s["keeps_cpu_half"] == "no (drops it)"  # the locked 0.7.0
-    on, off = s["decisions"]["cpu_offload_on"], s["decisions"]["cpu_offload_off"]
-    assert (on["action"], on["applies_fork_fix"]) == ("patch_and_forward", True)
-    assert on["reason"] == "CPU offload is on and the installed Automodel drops the CPU half"
-    # Without CPU offload nothing is lost on a GPU; whether a CPU mesh needs the fix too is decide()'s call.
-    assert off["action"] in ("forward", "patch_and_forward") and off["reason"]
-    assert off["applies_fork_fix"] == (off["action"] == "patch_and_forward")
-    w = s["workaround"]
-    assert (w["name"], w["removal_condition"]) == (automodel_patch.WORKAROUND, automodel_patch.REMOVAL_CONDITION)
-    assert (w["active"], w["patched_names"]) == (False, [])  # a fresh process has applied nothing
-    assert w["would_apply_for"] == [label for label, d in s["decisions"].items() if d["applies_fork_fix"]]
-    assert "cpu_offload_on" in w["would_apply_for"]
+    assert (s["nemo_automodel_installed"], s["nemo_automodel_import_error"]) == (True, None)
+    assert (s["supported"], s["problem"]) == (True, None)
+    assert s["tested_pair"] is True, s["tested_pairs"]
+    assert [w["name"] for w in s["workarounds"]] == [KEEP, CPU_MESH]
+    for w in s["workarounds"]:
+        workaround = automodel_patch.workaround(w["name"])
+        assert (w["verdict"], w["active"]) == ("needed", False)  # the locked 0.7.0, in a fresh process
+        assert (w["removal_condition"], w["tripwire"]) == (workaround.removal_condition, workaround.tripwire)
+    assert [d["run"] for d in s["decisions"]] == RUNS
+    on_gpu, nccl, cpu = s["decisions"]
+    assert (on_gpu["default_backend"], on_gpu["action"], on_gpu["applies"]) == (
+        "cuda:nccl,cpu:gloo", "patch_and_forward", [KEEP]
+    )  # fmt: skip
+    assert on_gpu["reason"] == "CPU offload is on and the installed Automodel drops the CPU half"
+    assert (nccl["default_backend"], nccl["action"], nccl["applies"]) == ("nccl", "forward", [])
+    assert (cpu["default_backend"], cpu["action"], cpu["applies"]) == ("gloo", "patch_and_forward", [CPU_MESH])
+    assert [d["this_machine"] for d in s["decisions"]] == [False, False, True]  # no CUDA device here
+    assert [w["would_apply_for"] for w in s["workarounds"]] == [[RUNS[0]], [RUNS[2]]]
     assert s["timeout_api"] == TIMEOUT_API
 
 
 def test_status_text_says_what_would_be_applied_and_when_to_remove_it(status_json):
     text = render_status(status_json)
     assert f"nemo-automodel: {status_json['nemo_automodel']}" in text
-    assert "keeps the CPU half of cuda:nccl,cpu:gloo under a timeout: no (drops it)" in text
-    assert "CPU offload on, gloo): patch_and_forward" in text
-    assert "workaround keep-cpu-backend: not applied in this process; setup_distributed would apply it" in text
-    assert f"remove when {automodel_patch.REMOVAL_CONDITION}" in text
+    assert f", Python {platform.python_version()}" in text.splitlines()[0]
+    assert "inside the tested matrix" in text
+    assert f"workaround {KEEP}: needed; setup_distributed would apply it for: GPUs, CPU offload" in text
+    assert f"workaround {CPU_MESH}: needed; setup_distributed would apply it for: no CUDA device" in text
+    assert "(45 min, GPUs, CPU offload: cuda:nccl,cpu:gloo): patch_and_forward" in text
+    assert "(45 min, no CUDA device: gloo, this machine): patch_and_forward" in text
+    for slug in (KEEP, CPU_MESH):
+        assert f"remove when {automodel_patch.workaround(slug).removal_condition}" in text
     assert f"timeout API: {TIMEOUT_API}" in text
 
 
@@ -98,10 +113,11 @@ def test_status_without_the_automodel_extra_still_reports_torch(hidden_automodel
     done = _status(pythonpath=hidden_automodel)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.splitlines()
-    assert lines[0].startswith(f"torch: {Version(str(torch.__version__))}")
+    assert lines[0].startswith(f"torch: {Version(str(torch.__version__)).public}")
     assert "nemo-automodel: not installed (uv sync --extra automodel)" in lines
+    assert "pair: n/a without nemo-automodel" in lines
     assert f"timeout API: {TIMEOUT_API}" in lines
-    assert "setup_distributed (45 min): n/a, it needs nemo-automodel" in lines
+    assert "setup_distributed (45 min): n/a, it needs a nemo-automodel that imports here" in lines
 
 
 def test_status_json_without_the_automodel_extra(hidden_automodel):
@@ -109,7 +125,8 @@ def test_status_json_without_the_automodel_extra(hidden_automodel):
     assert done.returncode == 0, done.stderr[-3000:]
     s = json.loads(done.stdout)
     assert (s["nemo_automodel"], s["nemo_automodel_installed"], s["decisions"]) == (None, False, None)
-    assert s["workaround"]["active"] is False
+    assert (s["supported"], s["tested_pair"]) == (True, False)
+    assert [w["active"] for w in s["workarounds"]] == [False, False]
 
 
 def test_preflight_help_lists_flags_and_hides_fault_injection(capsys):

@@ -43,6 +43,7 @@ BAD_MINUTES: dict[str, Any] = {
     "list": [45],
     "dict": {"m": 1},
     "too-large-for-timedelta": 1e18,
+    "under-a-millisecond": 1e-12,
 }
 BAD_FLAGS: dict[str, Any] = {"one": 1, "zero": 0, "string-true": "true", "string-false": "false", "list": [True]}
 
@@ -98,18 +99,46 @@ def test_value_role_reads_its_own_block() -> None:
     assert distributed_timeout_minutes(automodel_cfg(config, "value"), "value.automodel_cfg") == 60.0
 
 
-@pytest.mark.parametrize("scale", [0.999, 1.0, 1.001])
-def test_timedelta_limit_is_a_value_error_never_an_overflow(scale: float) -> None:
-    """Around datetime.timedelta's largest minute count: a float back, or ValueError; never OverflowError."""
+def test_just_below_the_timedelta_limit_is_accepted() -> None:
+    value = datetime.timedelta.max.total_seconds() / 60 * 0.999
+    assert distributed_timeout_minutes({KEY: value}) == value
+    assert datetime.timedelta(minutes=value) <= datetime.timedelta.max
+
+
+@pytest.mark.parametrize(
+    ("scale", "rule"),
+    [
+        # max.total_seconds() / 60 rounds up in floating point: timedelta then overflows, reported as ValueError.
+        (1.0, "that datetime.timedelta can hold"),
+        (1.001, "no larger than 1440000000000 (datetime.timedelta's limit)"),
+    ],
+    ids=["at-the-limit", "above-the-limit"],
+)
+def test_at_or_above_the_timedelta_limit_is_a_value_error_never_an_overflow(scale: float, rule: str) -> None:
     value = datetime.timedelta.max.total_seconds() / 60 * scale
-    try:
-        minutes = distributed_timeout_minutes({KEY: value})
-    except ValueError as e:
-        assert f"policy.automodel_cfg.{KEY}" in str(e)
-        assert repr(value) in str(e)
-    else:
-        assert minutes == value
-        assert datetime.timedelta(minutes=minutes) <= datetime.timedelta.max
+    with pytest.raises(ValueError) as raised:
+        distributed_timeout_minutes({KEY: value})
+    assert str(raised.value) == f"policy.automodel_cfg.{KEY} must be a positive number of minutes {rule}, got {value!r}"
+
+
+@roles
+@pytest.mark.parametrize("key", [KEY, AFTER_INIT_KEY])
+@pytest.mark.parametrize("value", [1e-12, 1e-8, 1e-5], ids=["1e-12", "1e-8", "0.6ms"])
+def test_values_under_a_millisecond_are_rejected(role: str, key: str, value: float) -> None:
+    """torch keeps timeouts in whole milliseconds: anything shorter would be 0, and every collective would fail."""
+    where = f"{role}.automodel_cfg"
+    with pytest.raises(ValueError) as raised:
+        distributed_timeout_minutes_after_init({KEY: 45, key: value}, where)
+    message = str(raised.value)
+    assert message.startswith(f"{where}.{key} must be a positive number of minutes, got {value!r}: that is "), message
+    assert "whole milliseconds" in message
+
+
+@pytest.mark.parametrize("value", [2e-5, 1 / 60000], ids=["1.2ms", "1ms"])
+def test_every_accepted_value_is_a_positive_timedelta_of_at_least_a_millisecond(value: float) -> None:
+    minutes = distributed_timeout_minutes({KEY: value})
+    assert minutes == value
+    assert datetime.timedelta(minutes=minutes) >= datetime.timedelta(milliseconds=1)
 
 
 # --- rejected values: the validators --------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from nemo_rl_shim.launch import spawn_ranks
+from nemo_rl_shim.cli.launch import spawn_ranks
 
 __all__: list[str] = []
 
@@ -41,9 +41,10 @@ def reports() -> dict[str, dict[str, Any]]:
         },
         world_size=WORLD_SIZE,
         timeout_s=SPAWN_TIMEOUT_S,
+        check=False,  # a rank may exit uncleanly after writing its result (teardown of the timed-out group)
     )
-    for result in results:
-        assert result.returncode == 0 and not result.timed_out, f"rank {result.rank}: {result.error or result.output}"
+    missing = [f"rank {r.rank}: {r.error or r.output[-2000:]}" for r in results if not isinstance(r.result, dict)]
+    assert not missing, "ranks without a result:\n" + "\n".join(missing)
     return {r.result["role"]: r.result for r in results}
 
 
@@ -63,7 +64,13 @@ def test_waiting_rank_raises_after_the_timeout(reports: dict[str, dict[str, Any]
     assert waiting["detection_s"] >= TIMEOUT_S, f"raised after {waiting['detection_s']:.3f} s, before the timeout"
 
 
-def test_stalled_rank_exits_cleanly(reports: dict[str, dict[str, Any]]) -> None:
+def test_stalled_rank_sleeps_through_the_timeout_and_leaves_over_the_default_group(
+    reports: dict[str, dict[str, Any]],
+) -> None:
     stalled = reports["stalled"]
     assert stalled["rank"] == STALLED_RANK
-    assert "raised" not in stalled, "the stalled rank must never touch the sub-group"
+    assert stalled["entered_sub_group_collective"] is False
+    assert stalled["slept_s"] >= STALL_S > TIMEOUT_S, stalled
+    # Both ranks met on the default group afterwards: only the sub-group was broken by the time-out.
+    assert stalled["left_through_default_group"] is True
+    assert reports["waiting"]["left_through_default_group"] is True

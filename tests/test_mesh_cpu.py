@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from nemo_rl_shim.launch import spawn_ranks
+import automodel_patch
+from nemo_rl_shim.cli.launch import spawn_ranks
 
 __all__: list[str] = []
 
@@ -66,7 +67,7 @@ def test_default_group(reports: list[dict[str, Any]]) -> None:
     for report in reports:
         assert report["backend"] == "gloo"
         assert report["world_size"] == WORLD_SIZE
-        assert report["installed_version"].startswith("0.7.0")
+        assert report["installed_version"] == str(automodel_patch.installed_version())
 
 
 @pytest.mark.parametrize(
@@ -81,6 +82,10 @@ def test_patched_every_group_has_the_timeout(reports: list[dict[str, Any]], scen
         assert set(names) <= set(built["groups"]), f"missing groups: {set(names) - set(built['groups'])}"
         for name in ("default", *names):
             _check_group(name, built["groups"][name], DEFAULT_MINUTES)
+        # Where the design promises reuse: a world-sized axis is the default group itself, not an identical copy.
+        for name in names:
+            facts = built["groups"][name]
+            assert facts["is_default_group"] == (facts["size"] == WORLD_SIZE), (name, facts)
 
 
 def test_patched_own_groups_when_build_timeout_differs(reports: list[dict[str, Any]]) -> None:

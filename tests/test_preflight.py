@@ -25,12 +25,15 @@ from typing import Any
 
 import pytest
 
-from nemo_rl_shim import preflight
-from nemo_rl_shim.launch import free_port
+from nemo_rl_shim.cli import preflight
+from nemo_rl_shim.cli.launch import free_port
+from nemo_rl_shim.cli.ray_preflight import plan_ray_ranks
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RUN_TIMEOUT_S = 420  # bound on each launched command; ranks import torch + Automodel on a contended CPU
-STALL_TIMEOUT_S = 150  # --timeout-s of the stall scenario: set-up fits, the stall (1 h) does not
+STALL_TIMEOUT_S = (
+    45  # --timeout-s of the stall scenario: set-up (~10-20 s on 2 busy cores) fits, the stall (1 h) does not
+)
 STARTUP_MIN, STEADY_MIN = 40.0, 10.0  # not 30: that is gloo's default and would prove nothing
 
 
@@ -288,3 +291,29 @@ def test_find_problems_reports_a_rank_failure_by_its_last_traceback_line():
     ]
     problems = preflight.find_problems(ranks, preflight.build_options())
     assert problems[0] == "rank failed: ValueError: world_size (2) must be divisible (rank 1)"
+
+
+def test_find_problems_names_a_start_up_shortfall_per_half_and_per_value():
+    """Start-up timeouts below the configured 45 min: each distinct wrong value, with the halves that carry it."""
+    options = preflight.build_options()
+    short = _row("pp", timeout_minutes={"cpu": 10.0, "cuda": 10.0})
+    split = _row("tp", timeout_minutes={"cpu": 45.0, "cuda": 30.0})
+    ranks = [_rank(r, [_row("default"), short, split]) for r in (0, 1)]
+    assert preflight.find_problems(ranks, options) == [
+        "group pp: cpu:gloo,cuda:nccl has 10 min, configured 45 min (ranks 0, 1)",
+        "group tp: cuda:nccl has 30 min, configured 45 min (ranks 0, 1)",
+    ]
+
+
+def test_plan_ray_ranks_one_gpu_bundle_per_gpu_else_two_cpu_bundles():
+    cpu = plan_ray_ranks(None, 0)
+    assert (cpu.world_size, cpu.bundle, cpu.env) == (2, {"CPU": 1}, {"CUDA_VISIBLE_DEVICES": ""})
+    assert cpu.note == "no GPU in the Ray cluster: 2 CPU bundles (gloo), strategy PACK"
+    gpu = plan_ray_ranks(None, 8)
+    assert (gpu.world_size, gpu.bundle, gpu.env) == (8, {"CPU": 1, "GPU": 1}, {})
+    assert plan_ray_ranks(4, 8).world_size == 4
+    assert plan_ray_ranks(None, 1).bundle == {"CPU": 1}  # one GPU cannot hold two NCCL ranks
+    with pytest.raises(ValueError, match="--nproc 16 exceeds the cluster's 8 GPUs"):
+        plan_ray_ranks(16, 8)
+    with pytest.raises(ValueError, match="--nproc must be at least 2, got 1"):
+        plan_ray_ranks(1, 0)

@@ -16,10 +16,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from packaging.version import Version
 
+import automodel_patch
+from nemo_rl_shim.cli.launch import spawn_ranks
 from nemo_rl_shim.decision import Action
-from nemo_rl_shim.launch import spawn_ranks
+from nemo_rl_shim.distributed_setup import NEMO_RL_FIELDS
 from tests.workers_setup import UNSET
 
 pytestmark = pytest.mark.multiprocess
@@ -76,9 +77,11 @@ def _layout(name: str) -> str:
 
 def test_every_scenario_ran_on_the_installed_release(run: dict[str, Any]) -> None:
     for facts in run["ranks"]:
-        assert Version(facts["version"]).base_version == "0.7.0", facts["version"]  # installed as 0.7.0+<commit>
+        assert facts["version"] == str(automodel_patch.installed_version())
         assert facts["build_accepts_timeout"] is True
         assert [s["name"] for s in facts["scenarios"]] == [s["name"] for s in SCENARIOS]
+        for scenario in facts["scenarios"]:
+            assert scenario["context_fields"] == [*NEMO_RL_FIELDS, "decision", "timeout_minutes_after_init"]
 
 
 @pytest.mark.parametrize("rank", [0, 1])
@@ -125,10 +128,12 @@ def test_timeout_reaches_every_group_on_its_cpu_backend(run: dict[str, Any], nam
     assert flattened, f"{name}: no flattened axis found among {sorted(groups)}"
     if _layout(name) == "ep":
         assert any(group.startswith("moe.") for group in groups), sorted(groups)
-    # World-sized axes reuse the default group; the groups created for the other axes are the real test.
+    # World-sized axes reuse the default group itself (no second, identical communicator); the groups
+    # created for the other axes are the real test of the timeout.
     created = [group for group, facts in groups.items() if not facts["is_default_group"]]
     assert created, f"{name}: every axis reused the default group"
     for group, facts in groups.items():
+        assert facts["is_default_group"] == (facts["size"] == 2), (name, group, facts)
         assert facts["backends"]["cpu"] == "gloo", (name, group, facts)
         assert facts["timeout_minutes"]["cpu"] == TIMEOUT, (name, group, facts)
 
@@ -137,6 +142,8 @@ def test_first_forwarding_scenario_applies_the_fix_and_later_ones_find_it(run: d
     """On a CPU (gloo) mesh upstream passes no timeout to sub-groups, so the fix applies with or without offload."""
     first = _scenario(run, FORWARDED[0])["decision"]
     assert first["action"] == Action.PATCH_AND_FORWARD.value, first
+    assert first["patches"] == ["cpu-mesh-timeout"], first
+    assert _scenario(run, FORWARDED[0])["active"] == ["cpu-mesh-timeout"]
     assert "CPU (gloo) mesh" in first["reason"], first
     assert first["warning"] is None and first["forward_minutes"] == TIMEOUT
     for name in FORWARDED[1:]:
@@ -171,7 +178,11 @@ def test_with_the_fix_turned_off_sub_groups_keep_gloos_default(run: dict[str, An
 def test_single_rank_with_cpu_offload_raises_and_leaves_no_group() -> None:
     (result,) = spawn_ranks("tests.workers_setup:single_rank_cpu_offload", {"timeout": TIMEOUT}, world_size=1)
     facts = result.result
-    assert facts["raised"] is not None, "setup_distributed accepted CPU offload on one rank"
-    assert facts["raised"]["type"] == "NotImplementedError"
-    assert "CPUOffload doesn't work on single GPU" in facts["raised"]["message"]
-    assert facts["initialized_after"] is False
+    for case in ("before_any_group", "on_callers_group"):
+        raised = facts[case]["raised"]
+        assert raised is not None, f"{case}: setup_distributed accepted CPU offload on one rank"
+        assert raised["type"] == "NotImplementedError"
+        assert raised["message"].startswith("policy.dtensor_cfg.cpu_offload is true on a world of 1 rank"), raised
+        assert "CPUOffload doesn't work on single GPU" in raised["message"]
+    assert facts["before_any_group"]["initialized_after"] is False
+    assert facts["on_callers_group"]["callers_group_kept"] is True

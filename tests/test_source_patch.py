@@ -1,9 +1,12 @@
 """The source patch ``automodel_patch/keep-cpu-backend.patch`` against the real releases.
 
-Each release's cached sources are copied to ``tmp_path`` and patched with
-``git apply`` (and dry-run with ``patch -p1``); a spawned process then imports
-the patched copy ahead of the installed release and must find the CPU half kept
-with no run-time patching at all.
+# AUTOMODEL-WORKAROUND(keep-cpu-backend): these tests go with the source patch.
+
+Each release's cached sources are copied and patched with ``git apply`` (and dry-run with
+``patch -p1``); a spawned process then imports the patched copy ahead of the installed
+release (:mod:`tests.release_facts`) and must find the CPU half kept with no run-time
+patching at all, while the CPU-mesh timeout, which the patch leaves alone as upstream's fix
+is expected to, is still applied.
 """
 
 from __future__ import annotations
@@ -15,15 +18,15 @@ from pathlib import Path
 import pytest
 
 import automodel_patch
-from nemo_rl_shim.launch import spawn_ranks
+from tests.conftest import unavailable
+from tests.release_facts import SOURCE_PATCH_SUFFIX
 from tests.releases import FIXED_FUNCTION_RELEASES, LEGACY_RELEASES, ReleaseUnavailable, release_dir
-from tests.workers_patch import GIT_APPLY_TIMEOUT_S, git_apply, patched_release_copy, source_patched_env
+from tests.workers_patch import GIT_APPLY_TIMEOUT_S, git_apply
 
 __all__: list[str] = []
 
 pytestmark = pytest.mark.releases
 
-SPAWN_TIMEOUT_S = 300
 MESH_UTILS = Path("nemo_automodel/components/distributed/mesh_utils.py")
 PATCH_BINARY = shutil.which("patch")
 NEEDS_PATCH_BINARY = pytest.mark.skipif(
@@ -35,32 +38,22 @@ def _release(version: str) -> Path:
     try:
         return release_dir(version)
     except ReleaseUnavailable as e:
-        pytest.skip(f"nemo-automodel {version} unavailable: {e}")
+        unavailable(f"nemo-automodel {version} unavailable: {e}")
 
 
 @pytest.mark.parametrize("version", FIXED_FUNCTION_RELEASES)
-def test_git_applied_release_keeps_cpu_half_natively(version: str, tmp_path: Path) -> None:
-    release = _release(version)
-    patched = patched_release_copy(release, tmp_path / version, automodel_patch.SOURCE_PATCH)
-    assert (patched / MESH_UTILS).read_text() != (release / MESH_UTILS).read_text(), "git apply changed nothing"
-
-    (result,) = spawn_ranks(
-        "tests.workers_patch:patch_report",
-        {},
-        world_size=1,
-        timeout_s=SPAWN_TIMEOUT_S,
-        env=source_patched_env(patched),
-    )
-    report = result.result
-    assert Path(report["mesh_utils_file"]).is_relative_to(patched), report["mesh_utils_file"]
-    assert report["installed_version"] == version
-    assert report["is_supported"] is True
-    assert report["keeps_before"] is True, f"the source-patched {version} still drops the CPU half"
-    assert report["is_applied_before"] is False
-    assert report["apply"] == automodel_patch.ApplyStatus.NOT_NEEDED.value
-    assert report["is_applied_after"] is False
-    assert report["patched_names"] == []
-    assert report["module_unchanged_after_apply"] is True
+def test_git_applied_release_keeps_cpu_half_natively(version: str, release_facts) -> None:
+    facts = release_facts(f"{version}{SOURCE_PATCH_SUFFIX}")
+    patched = Path(facts["root"])
+    original = (_release(version) / MESH_UTILS).read_text()
+    assert (patched / MESH_UTILS).read_text() != original, "git apply changed nothing"
+    assert Path(facts["mesh_utils_file"]).is_relative_to(patched), facts["mesh_utils_file"]
+    assert facts["installed_version"] == version
+    keep, cpu_mesh = facts["genuine"]["keep-cpu-backend"], facts["genuine"]["cpu-mesh-timeout"]
+    assert keep["verdict"] == "not_needed", f"the source-patched {version} still drops the CPU half: {keep}"
+    assert cpu_mesh["verdict"] == "needed", cpu_mesh
+    assert facts["apply"] == {"keep-cpu-backend": "not_needed", "cpu-mesh-timeout": "applied"}
+    assert "keep-cpu-backend" not in facts["active_after"]
 
 
 @NEEDS_PATCH_BINARY

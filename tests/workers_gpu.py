@@ -1,4 +1,4 @@
-"""Rank-side functions for tests/test_gpu.py, run by :func:`nemo_rl_shim.launch.spawn_ranks`.
+"""Rank-side functions for tests/test_gpu.py, run by :func:`nemo_rl_shim.cli.launch.spawn_ranks`.
 
 Each runs in its own process (so an applied fork fix never leaks into pytest),
 does the real work with real NCCL and Gloo, and returns JSON-able facts for the
@@ -81,7 +81,7 @@ def two_rank_offload(params: dict[str, Any]) -> dict[str, Any]:
     return {
         "default_backend": str(dist.get_backend()),
         "decision": context.decision.action.value,
-        "patch_applied": automodel_patch.is_applied(),
+        "patch_applied": automodel_patch.is_applied("keep-cpu-backend"),
         "groups": _group_facts(context.device_mesh, context.moe_mesh, ("cpu", "cuda")),
         "offload": _offloaded_full_tensor(context.device_mesh),
     }
@@ -127,9 +127,9 @@ def one_gpu_mesh(params: dict[str, Any]) -> dict[str, Any]:
     dist.init_process_group(
         backend=params.get("backend", "cuda:nccl,cpu:gloo"), timeout=datetime.timedelta(minutes=TIMEOUT_MINUTES)
     )
-    native = automodel_patch.keeps_cpu_backend()
+    native = automodel_patch.detect("keep-cpu-backend").verdict.value == "not_needed"
     unpatched = _build_mesh(devices)
-    status = automodel_patch.apply()
+    status = automodel_patch.apply("keep-cpu-backend")["keep-cpu-backend"]
     return {
         "default_backend": str(dist.get_backend()),
         "world_size": dist.get_world_size(),

@@ -1,10 +1,11 @@
-"""Rank-side functions for the fork-fix tests, run by :func:`nemo_rl_shim.launch.spawn_ranks`.
+"""Rank-side functions for the fork-fix tests, run by :func:`nemo_rl_shim.cli.launch.spawn_ranks`.
 
 Each function receives JSON params, does the real work in its own process (the
 Automodel release that ``PYTHONPATH`` puts first, real torch.distributed on
 Gloo) and returns JSON-able facts for the test to assert on. Nothing here
-asserts. :func:`patched_release_copy` prepares a release folder with the source
-patch applied; it runs in the test process.
+asserts. On Gloo the workaround that matters is ``cpu-mesh-timeout``.
+:func:`patched_release_copy` prepares a release folder with the source patch
+applied; it runs in the test process.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import os
 import shutil
 import subprocess
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -23,13 +23,14 @@ __all__ = [
     "fault_on_sub_group",
     "git_apply",
     "mesh_timeouts",
-    "patch_report",
     "patched_release_copy",
     "source_patched_env",
 ]
 
 #: Bound on one ``git apply`` / ``patch`` run.
 GIT_APPLY_TIMEOUT_S = 60
+#: The workaround a Gloo (CPU) mesh needs.
+CPU_MESH = "cpu-mesh-timeout"
 
 
 # --------------------------------------------------------------------------- helpers for the test process
@@ -69,49 +70,6 @@ def source_patched_env(patched_root: Path) -> dict[str, str]:
 
 
 # --------------------------------------------------------------------------- rank-side functions
-
-
-def _snapshot(module: Any) -> dict[str, int]:
-    return {name: id(value) for name, value in vars(module).items()}
-
-
-def patch_report(params: dict[str, Any]) -> dict[str, Any]:
-    """What ``automodel_patch`` sees and does against the release on ``PYTHONPATH`` (no process group needed).
-
-    Calls ``apply()`` twice and ``revert()`` twice; records every automodel_patch
-    warning and whether ``mesh_utils`` changed (attribute identities) at each step.
-    """
-    import automodel_patch
-    from automodel_patch import _target
-
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        mesh_utils = _target.load_mesh_utils()
-        before = _snapshot(mesh_utils)
-        report: dict[str, Any] = {
-            "installed_version": str(automodel_patch.installed_version()),
-            "mesh_utils_file": mesh_utils.__file__,
-            "is_supported": automodel_patch.is_supported(),
-            "build_accepts_timeout": automodel_patch.build_accepts_timeout(),
-            "keeps_before": automodel_patch.keeps_cpu_backend(),
-            "is_applied_before": automodel_patch.is_applied(),
-        }
-        report["apply"] = automodel_patch.apply().value
-        report["apply_again"] = automodel_patch.apply().value
-        report["is_applied_after"] = automodel_patch.is_applied()
-        report["patched_names"] = list(automodel_patch.patched_names())
-        report["keeps_after"] = automodel_patch.keeps_cpu_backend()
-        report["module_unchanged_after_apply"] = _snapshot(mesh_utils) == before
-        report["revert"] = automodel_patch.revert()
-        report["revert_again"] = automodel_patch.revert()
-        report["module_restored_after_revert"] = _snapshot(mesh_utils) == before
-        report["keeps_after_revert"] = automodel_patch.keeps_cpu_backend()
-    report["warnings"] = [
-        {"category": w.category.__name__, "message": str(w.message)}
-        for w in caught
-        if str(w.message).startswith("automodel_patch")
-    ]
-    return report
 
 
 def _group_facts(device_mesh: Any, moe_mesh: Any) -> dict[str, dict[str, Any]]:
@@ -167,13 +125,13 @@ def mesh_timeouts(params: dict[str, Any]) -> dict[str, Any]:
         "scenarios": {},
     }
     for scenario in params["scenarios"]:
-        status = automodel_patch.apply().value if scenario["patched"] else None
+        status = automodel_patch.apply(CPU_MESH)[CPU_MESH].value if scenario["patched"] else None
         if not scenario["patched"]:
             automodel_patch.revert()
         device_mesh, moe_mesh = _build(scenario["ep_size"], scenario["timeout_minutes"])
         report["scenarios"][scenario["name"]] = {
             "apply": status,
-            "is_applied": automodel_patch.is_applied(),
+            "is_applied": automodel_patch.is_applied(CPU_MESH),
             "device_type": device_mesh.device_type,
             "groups": _group_facts(device_mesh, moe_mesh),
         }
@@ -197,7 +155,7 @@ def fault_on_sub_group(params: dict[str, Any]) -> dict[str, Any]:
     from nemo_rl_shim import groups
 
     dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=params["default_minutes"]))
-    status = automodel_patch.apply().value
+    status = automodel_patch.apply(CPU_MESH)[CPU_MESH].value
     device_mesh, _ = _build(1, params["timeout_minutes"])
     group = device_mesh.get_group("dp_shard")
     rank = dist.get_rank()
@@ -209,8 +167,11 @@ def fault_on_sub_group(params: dict[str, Any]) -> dict[str, Any]:
         "timeout_s": {device: t.total_seconds() for device, t in groups.backend_timeouts(group).items()},
     }
     if rank == params["stalled_rank"]:
+        start = time.monotonic()
         time.sleep(params["stall_s"])
         report["role"] = "stalled"
+        report["slept_s"] = time.monotonic() - start
+        report["entered_sub_group_collective"] = False
     else:
         report["role"] = "waiting"
         start = time.monotonic()
@@ -223,5 +184,6 @@ def fault_on_sub_group(params: dict[str, Any]) -> dict[str, Any]:
             report["raised"] = None
         report["detection_s"] = time.monotonic() - start
     dist.barrier()  # the default group is unaffected: both ranks leave together
+    report["left_through_default_group"] = True
     automodel_patch.revert()
     return report

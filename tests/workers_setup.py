@@ -1,4 +1,4 @@
-"""Rank-side functions for the set-up and decision tests, run by :func:`nemo_rl_shim.launch.spawn_ranks`.
+"""Rank-side functions for the set-up and decision tests, run by :func:`nemo_rl_shim.cli.launch.spawn_ranks`.
 
 Each function receives JSON params, does the real work in its own process (real
 torch.distributed on Gloo, the Automodel release that ``PYTHONPATH`` selects)
@@ -12,7 +12,7 @@ import importlib
 import warnings
 from typing import Any
 
-__all__ = ["UNSET", "decision_matrix", "layouts", "legacy_pin", "single_rank_cpu_offload"]
+__all__ = ["UNSET", "layouts", "legacy_pin", "single_rank_cpu_offload"]
 
 #: ``timeout`` value meaning "leave distributed_timeout_minutes out of automodel_cfg".
 UNSET = "unset"
@@ -113,6 +113,8 @@ def layouts(params: dict[str, Any]) -> dict[str, Any]:
                 "groups": _group_facts(ctx),
                 "runtime_warnings": [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)],
                 "patch_applied": automodel_patch.is_applied(),
+                "active": list(automodel_patch.active()),
+                "context_fields": list(type(ctx)._fields),
                 "mesh_builders": dict(mesh_builders),
             }
         )
@@ -127,65 +129,34 @@ def layouts(params: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def decision_matrix(params: dict[str, Any]) -> dict[str, Any]:
-    """``decide()`` for each timeout x {cpu_mesh} x {cpu_offload} x {patch_automodel}, before and after ``apply()``.
-
-    Needs no process group: ``decide`` probes the installed override under a
-    reported composite default group (see ``automodel_patch._detect``).
-    """
-    import automodel_patch
-    from nemo_rl_shim.decision import decide
-
-    def matrix() -> list[dict[str, Any]]:
-        rows = []
-        for timeout in params["timeouts"]:
-            for cpu_mesh in (False, True):  # False: a GPU run's NCCL default group; True: a CPU-only gloo run
-                for cpu_offload in (False, True):
-                    for patch in (True, False):
-                        decision = decide(timeout, cpu_offload=cpu_offload, patch_automodel=patch, cpu_mesh=cpu_mesh)
-                        rows.append(
-                            {
-                                "timeout": timeout,
-                                "cpu_mesh": cpu_mesh,
-                                "cpu_offload": cpu_offload,
-                                "patch_automodel": patch,
-                                **decision.to_dict(),
-                            }
-                        )
-        return rows
-
-    before = matrix()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        status = automodel_patch.apply()
-    return {
-        "version": str(automodel_patch.installed_version()),
-        "mesh_utils_file": getattr(automodel_patch._target.load_mesh_utils(), "__file__", None),
-        "before": before,
-        "apply_status": status.value,
-        "apply_warnings": [str(w.message) for w in caught],
-        "after": matrix(),
-    }
-
-
 def legacy_pin(params: dict[str, Any]) -> dict[str, Any]:
-    """On a pin without ``MeshContext.build(timeout_minutes=)``: the decision matrix, then real set-ups.
-
-    One process for both saves a spawn; ``apply()`` there is UNSUPPORTED and changes nothing.
-    """
-    return {"matrix": decision_matrix(params), "setup": layouts(params)}
+    """On a pin without ``MeshContext.build(timeout_minutes=)``: real set-ups (see :func:`layouts`)."""
+    return layouts(params)
 
 
 def single_rank_cpu_offload(params: dict[str, Any]) -> dict[str, Any]:
-    """World size 1 with CPU offload: what ``setup_distributed`` raises, and whether a process group remains."""
+    """World size 1 with CPU offload: what ``setup_distributed`` raises, and whether a process group remains.
+
+    Twice: with the launcher's ``WORLD_SIZE`` (checked before any group exists), and on a
+    group the caller made, without ``WORLD_SIZE`` (checked after; the caller's group stays).
+    """
+    import os
+
     import torch.distributed as dist
 
     from nemo_rl_shim import RuntimeConfig, setup_distributed
 
-    try:
-        setup_distributed(_section(params["timeout"], {}), RuntimeConfig(cpu_offload=True))
-    except NotImplementedError as e:
-        raised = {"type": type(e).__name__, "message": str(e)}
-    else:
-        raised = None
-    return {"raised": raised, "initialized_after": dist.is_initialized()}
+    def attempt() -> dict[str, Any] | None:
+        try:
+            setup_distributed(_section(params["timeout"], {}), RuntimeConfig(cpu_offload=True))
+        except NotImplementedError as e:
+            return {"type": type(e).__name__, "message": str(e)}
+        return None
+
+    before_any_group = {"raised": attempt(), "initialized_after": dist.is_initialized()}
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    caller_group = dist.group.WORLD
+    del os.environ["WORLD_SIZE"]
+    on_callers_group = {"raised": attempt(), "callers_group_kept": dist.group.WORLD is caller_group}
+    dist.destroy_process_group()
+    return {"before_any_group": before_any_group, "on_callers_group": on_callers_group}

@@ -1,6 +1,6 @@
 """Rank functions for tests/test_timeouts.py: phase timeouts on real gloo ranks.
 
-Each function runs on every rank started by :func:`nemo_rl_shim.launch.spawn_ranks`,
+Each function runs on every rank started by :func:`nemo_rl_shim.cli.launch.spawn_ranks`,
 goes through the real ``setup_distributed`` with the installed Automodel, and
 returns JSON: timeouts in seconds as read back from the groups themselves, and
 the outcome of collectives with one stalled rank.
@@ -8,6 +8,7 @@ the outcome of collectives with one stalled rank.
 
 from __future__ import annotations
 
+import datetime
 import os
 import time
 from typing import Any
@@ -18,10 +19,15 @@ from torch.distributed import ProcessGroup
 
 from nemo_rl_shim.distributed_setup import DistributedContext, RuntimeConfig, setup_distributed
 from nemo_rl_shim.groups import backend_timeouts
-from nemo_rl_shim.timeouts import after_first_step, extended_timeout, run_groups
+from nemo_rl_shim.timeouts import _set_group_timeout, after_first_step, extended_timeout, run_groups
 from tests.worlds import move_to_fresh_port
 
-__all__ = ["mesh_groups", "phase_readings", "section", "stall_outcomes", "stalled_all_reduce"]
+__all__ = ["DISTINCT_BASE_S", "mesh_groups", "phase_readings", "section", "stall_outcomes", "stalled_all_reduce"]
+
+#: The first of the distinct per-group timeouts (seconds) that ``phase_readings`` sets before a restore.
+DISTINCT_BASE_S = 10
+#: Bound on the healthy rank's wait, through the store, for the stalled rank to finish its phase.
+_STORE_WAIT_S = 120
 
 
 class _BodyFailed(Exception):
@@ -51,7 +57,8 @@ def mesh_groups(context: DistributedContext) -> dict[str, ProcessGroup]:
             continue
         for name in mesh.mesh_dim_names:
             groups[f"{label}.{name}"] = mesh.get_group(name)
-        for name, flat in mesh._get_root_mesh()._flatten_mapping.items():
+        root = mesh._get_root_mesh() if hasattr(mesh, "_get_root_mesh") else mesh  # torch 2.9 has no root lookup
+        for name, flat in getattr(root, "_flatten_mapping", {}).items():
             groups[f"{label}.flat.{name}"] = flat.get_group()
     return groups
 
@@ -75,21 +82,26 @@ def phase_readings(params: dict[str, Any]) -> dict[str, Any]:
     context = setup_distributed(section(params["startup"], params["steady"]), RuntimeConfig())
     groups = mesh_groups(context)
     run = run_groups(context)
-    run_ids = {id(group) for group in run.values()}
+    run_names = {id(group): name for name, group in run.items()}
     out: dict[str, Any] = {
         "decision": str(context.decision.action.value),
         "context_steady_minutes": context.timeout_minutes_after_init,
-        "run_groups": sorted(run),
+        "run_groups": list(run),
         "mesh_groups": {
             name: {
                 "ranks": dist.get_process_group_ranks(group),
                 "is_default": group is dist.group.WORLD,
-                "in_run_groups": id(group) in run_ids,
+                "in_run_groups": id(group) in run_names,
+                "run_name": run_names.get(id(group)),
             }
             for name, group in groups.items()
         },
         "startup": _readings(groups),
     }
+    # Give every group its own timeout (seconds 10, 11, ...): a restore must bring back each group's value.
+    for index, group in enumerate(run.values()):
+        _set_group_timeout(datetime.timedelta(seconds=DISTINCT_BASE_S + index), group)
+    out["distinct"] = _readings(groups)
     with extended_timeout(context, params["raised"]):  # a slow phase before the first step
         out["extended_at_startup"] = _readings(groups)
     out["after_extended_at_startup"] = _readings(groups)
@@ -153,13 +165,32 @@ def stalled_all_reduce(group: ProcessGroup, stall_s: float, stalled_rank: int) -
     return {"outcome": "completed", "sum": tensor.item(), "seconds": time.monotonic() - start}
 
 
+def _stall_last(group: ProcessGroup, stall_s: float, stalled_rank: int) -> dict[str, Any]:
+    """Phase 3: the stalled rank sleeps and never enters the collective; the healthy rank must raise.
+
+    Then both meet through the default group's store (not a process group: the sub-group
+    is broken and the default group's steady timeout is short), so neither rank tears
+    down while the other is still in its phase.
+    """
+    store = dist.distributed_c10d._get_default_store()
+    if dist.get_rank() == stalled_rank:
+        start = time.monotonic()
+        time.sleep(stall_s)
+        outcome = {"outcome": "skipped", "slept_s": time.monotonic() - start}
+        store.set("stalled rank done", "1")
+        return outcome
+    outcome = stalled_all_reduce(group, stall_s, stalled_rank)
+    store.wait(["stalled rank done"], datetime.timedelta(seconds=_STORE_WAIT_S))
+    return outcome
+
+
 def stall_outcomes(params: dict[str, Any]) -> dict[str, Any]:
     """One rank stalls ``stall`` seconds in three phases, in an order that never reuses a timed-out group.
 
     1. start-up (``startup`` minutes): survived;
     2. after ``after_first_step``, inside ``extended_timeout(raised)``: survived;
-    3. after ``after_first_step`` (``steady`` minutes): the healthy rank raises. Last,
-       because a gloo group that timed out stays broken.
+    3. after ``after_first_step`` (``steady`` minutes): the stalled rank never arrives and the
+       healthy rank raises. Last, because a gloo group that timed out stays broken.
 
     The collective runs on the ``dp_shard`` axis group, which FSDP2 reduces over.
     """
@@ -180,6 +211,6 @@ def stall_outcomes(params: dict[str, Any]) -> dict[str, Any]:
         dist.barrier()
         out["extended"] = stalled_all_reduce(group, params["stall"], stalled)
     out["steady_timeout_s"] = backend_timeouts(group)["cpu"].total_seconds()
-    out["steady"] = stalled_all_reduce(group, params["stall"], stalled)
+    out["steady"] = _stall_last(group, params["stall"], stalled)
     out["returned_at"] = time.time()
     return out

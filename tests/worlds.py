@@ -6,7 +6,7 @@ import os
 
 import torch.distributed as dist
 
-from nemo_rl_shim.launch import free_port
+from nemo_rl_shim.cli.launch import free_port
 
 __all__ = ["move_to_fresh_port"]
 

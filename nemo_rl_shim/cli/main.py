@@ -1,17 +1,26 @@
 """The ``nemo-rl-shim`` command: ``status`` and ``preflight``.
 
-Argument parsing and printing only; the work is in :mod:`nemo_rl_shim.status`
-and :mod:`nemo_rl_shim.preflight`. Exit codes: 0 all good, 1 a check failed,
-2 bad arguments or config (one line on stderr).
+Argument parsing and printing only; the work is in :mod:`nemo_rl_shim.cli.status`
+and :mod:`nemo_rl_shim.cli.preflight`. Exit codes: 0 all good, 1 a check failed (for
+``status``: this torch and nemo-automodel cannot run together), 2 bad arguments or config
+(one line on stderr).
+
+The report (table or JSON) is the only thing on standard output: while a command runs,
+file descriptor 1 points at standard error, so whatever a library prints there (Gloo on
+torch 2.10 and older prints ``[Gloo] Rank N is connected to M peer ranks`` from C++ each
+time it creates a group) cannot corrupt it.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import TextIO
 
 __all__ = ["build_parser", "main"]
 
@@ -47,6 +56,13 @@ def _add_preflight(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--no-patch", action="store_true", help="automodel_cfg.patch_automodel: false")
     p.add_argument("--nproc", type=int, help="local ranks to spawn (default: one per GPU, or 2 on CPU)")
     p.add_argument("--timeout-s", type=float, default=300.0, help="bound on the whole run (default 300)")
+    p.add_argument(
+        "--ray",
+        nargs="?",
+        const="auto",
+        metavar="ADDRESS",
+        help="run the ranks as Ray actors in a placement group on this cluster ('auto', the default, or host:port)",
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     # Fault injection for tests: this rank sleeps after set-up, so its peers wait on it in a collective.
     p.add_argument("--stall-rank", type=int, help=argparse.SUPPRESS)
@@ -67,16 +83,32 @@ def _progress(message: str) -> None:
     print(f"preflight: {message}", file=sys.stderr, flush=True)
 
 
-def _status(args: argparse.Namespace) -> int:
-    from nemo_rl_shim.status import gather_status, render_status
+@contextmanager
+def _report_stream() -> Iterator[TextIO]:
+    """A stream to the real standard output; until the block ends, fd 1 (and ``sys.stdout``) go to stderr."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        with os.fdopen(os.dup(saved), "w", encoding="utf-8") as report:
+            yield report
+            report.flush()
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def _status(args: argparse.Namespace, out: TextIO) -> int:
+    from nemo_rl_shim.cli.status import gather_status, render_status
 
     status = gather_status(args.timeout_minutes)
-    print(json.dumps(status, indent=2) if args.json else render_status(status))
-    return EXIT_OK
+    print(json.dumps(status, indent=2) if args.json else render_status(status), file=out)
+    return EXIT_FAILED if status["problem"] else EXIT_OK
 
 
-def _preflight(args: argparse.Namespace) -> int:
-    from nemo_rl_shim import preflight
+def _preflight(args: argparse.Namespace, out: TextIO) -> int:
+    from nemo_rl_shim.cli import preflight
 
     overrides = {
         key: getattr(args, key)
@@ -85,15 +117,16 @@ def _preflight(args: argparse.Namespace) -> int:
     try:
         options = preflight.build_options(
             args.config, args.role, overrides=overrides, patch=not args.no_patch, nproc=args.nproc,
-            timeout_s=args.timeout_s, stall_rank=args.stall_rank, stall_s=args.stall_s,
+            timeout_s=args.timeout_s, stall_rank=args.stall_rank, stall_s=args.stall_s, ray_address=args.ray,
         )  # fmt: skip
         report = preflight.run_preflight(options, progress=_progress)
     except (OSError, ValueError) as e:
         print(f"preflight: {e}", file=sys.stderr)
         return EXIT_USAGE
-    launcher = preflight.detect_launcher()
+    launcher = None if args.ray is not None else preflight.detect_launcher()
     if launcher is None or launcher.rank == 0:
-        print(json.dumps(report.to_json(), indent=2, default=str) if args.json else preflight.render_report(report))
+        text = json.dumps(report.to_json(), indent=2, default=str) if args.json else preflight.render_report(report)
+        print(text, file=out)
         if report.problem:
             print(f"preflight: FAILED: {report.problem}", file=sys.stderr)
     return EXIT_OK if report.ok else EXIT_FAILED
@@ -104,4 +137,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     # Noise from megatron_fsdp's import on machines without Transformer Engine/Apex.
     warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not installed")
-    return _status(args) if args.command == "status" else _preflight(args)
+    with _report_stream() as out:
+        return _status(args, out) if args.command == "status" else _preflight(args, out)

@@ -1,6 +1,6 @@
 """The report of ``nemo-rl-shim preflight``: what is wrong (one line), and the table.
 
-:class:`PreflightReport` holds every rank's result as :func:`nemo_rl_shim.preflight.check_rank`
+:class:`PreflightReport` holds every rank's result as :func:`nemo_rl_shim.cli._rank_checks.check_rank`
 returned it (or the rank's failure); :func:`find_problems` reads the configured values
 from the options and lists every mismatch; :func:`render_report` prints the table.
 Pure functions of data: nothing here touches torch.distributed.
@@ -9,10 +9,9 @@ Pure functions of data: nothing here touches torch.distributed.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from nemo_rl_shim.preflight import PreflightOptions
+from nemo_rl_shim.cli.options import PreflightOptions
 
 __all__ = ["COLUMNS", "PreflightReport", "find_problems", "render_report"]
 
@@ -209,6 +208,14 @@ def _offload_line(ranks: list[dict[str, Any]]) -> str:
     )
 
 
+def _node_line(ranks: list[dict[str, Any]]) -> list[str]:
+    nodes = [(r["rank"], r["node"]) for r in ranks if r.get("node")]
+    if not nodes:
+        return []
+    where = ", ".join(f"rank {rank} on {n['node_ip']} (host {n['host']}, node {n['node_id'][:8]})" for rank, n in nodes)
+    return [f"nodes: {where}"]
+
+
 def render_report(report: PreflightReport) -> str:
     """The text ``nemo-rl-shim preflight`` prints."""
     options = report.options
@@ -220,6 +227,7 @@ def render_report(report: PreflightReport) -> str:
         f"timeouts: start-up {_fmt(startup) if startup is not None else 'unset (torch defaults)'}; after init "
         f"{_fmt(steady) if steady is not None else 'unset (start-up value kept all run)'}"
     )
+    head += _node_line(report.ranks)
     complete = [r for r in report.ranks if "rows" in r]
     if complete and len(complete) == len(report.ranks):
         first = complete[0]

@@ -4,9 +4,10 @@ Library API (the command is a thin argparse layer over it):
 
 * :func:`build_options` - the role's config section from a NeMo RL YAML and/or
   flags, validated before any process starts.
-* :func:`run_preflight` - spawn the ranks (:func:`nemo_rl_shim.launch.spawn_ranks`)
-  or, under torchrun / srun (:func:`detect_launcher`), join that world; every
-  rank runs :func:`check_rank` and the results are gathered.
+* :func:`run_preflight` - spawn the ranks (:func:`nemo_rl_shim.cli.launch.spawn_ranks`),
+  or, under torchrun / srun (:func:`detect_launcher`), join that world, or place them as
+  Ray actors (``--ray``, :mod:`nemo_rl_shim.cli.ray_preflight`); every rank runs
+  :func:`check_rank` and the results are gathered.
 * :func:`find_problems` / :attr:`PreflightReport.problem` - what is wrong, one line.
 * :func:`render_report` / :meth:`PreflightReport.to_json` - table or JSON.
 
@@ -27,8 +28,8 @@ CPU offload check: FSDP2 ``fully_shard`` with ``CPUOffloadPolicy`` on the ``dp``
 mesh (it works on a gloo mesh with torch 2.15, so CPU and GPU runs use the same
 code), then ``full_tensor()`` compared with the unsharded weight.
 
-The per-rank half lives in ``_preflight_rank``, the report (problems, table) in
-``_preflight_report``; both are re-exported here.
+The per-rank half lives in ``_rank_checks``, the report (problems, table) in
+``_report``, the options in ``options``; all are re-exported here.
 
 Fault injection, for tests only: ``stall_rank`` / ``stall_s`` (``--stall-rank``,
 ``--stall-s``, hidden flags) make one rank sleep after set-up, so its peers wait
@@ -37,7 +38,6 @@ in a collective on it and the run must end at ``timeout_s``.
 
 from __future__ import annotations
 
-import copy
 import os
 import sys
 import threading
@@ -47,10 +47,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from nemo_rl_shim import config as cfg
-from nemo_rl_shim._preflight_rank import check_rank
-from nemo_rl_shim._preflight_report import COLUMNS, PreflightReport, find_problems, render_report
-from nemo_rl_shim.distributed_setup import parallel_sizes
+from nemo_rl_shim.cli._rank_checks import check_rank
+from nemo_rl_shim.cli._report import COLUMNS, PreflightReport, find_problems, render_report
+from nemo_rl_shim.cli.options import DEFAULT_SECTION, DEFAULT_TIMEOUT_S, MIN_RANKS, PreflightOptions, build_options
 
 __all__ = [
     "COLUMNS",
@@ -70,124 +69,10 @@ __all__ = [
     "run_preflight",
 ]
 
-MIN_RANKS = 2
-DEFAULT_TIMEOUT_S = 300.0
 PROGRESS_EVERY_S = 10.0
-RANK_TARGET = "nemo_rl_shim.preflight:check_rank"
-DEFAULT_SECTION: dict[str, Any] = {
-    "automodel_cfg": {"distributed_timeout_minutes": 45.0, "patch_automodel": True},
-    "dtensor_cfg": {"cpu_offload": True},
-}
+RANK_TARGET = "nemo_rl_shim.cli._rank_checks:check_rank"
 
 Progress = Callable[[str], None]
-
-
-# --- options -----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PreflightOptions:
-    """What to check: the role's section as ``setup_distributed`` receives it, and how to run."""
-
-    section: dict[str, Any]
-    role: cfg.Role = "policy"
-    cpu_offload: bool = True
-    nproc: int | None = None
-    timeout_s: float = DEFAULT_TIMEOUT_S
-    stall_rank: int | None = None
-    stall_s: float = 0.0
-
-    @property
-    def timeout_minutes(self) -> float | None:
-        """The configured start-up timeout (``distributed_timeout_minutes``)."""
-        block = cfg.automodel_cfg({self.role: self.section}, self.role)
-        return cfg.distributed_timeout_minutes(block, f"{self.role}.automodel_cfg")
-
-    @property
-    def timeout_minutes_after_init(self) -> float | None:
-        """The configured steady-state timeout (``distributed_timeout_minutes_after_init``)."""
-        block = cfg.automodel_cfg({self.role: self.section}, self.role)
-        return cfg.distributed_timeout_minutes_after_init(block, f"{self.role}.automodel_cfg")
-
-    def params(self) -> dict[str, Any]:
-        """The JSON params every rank's :func:`check_rank` receives."""
-        return {
-            "section": self.section,
-            "role": self.role,
-            "cpu_offload": self.cpu_offload,
-            "stall_rank": self.stall_rank,
-            "stall_s": self.stall_s,
-        }
-
-
-_AUTOMODEL_OVERRIDES = {
-    "timeout_minutes": "distributed_timeout_minutes",
-    "timeout_minutes_after_init": "distributed_timeout_minutes_after_init",
-}
-_DTENSOR_OVERRIDES = {
-    "tp": "tensor_parallel_size",
-    "cp": "context_parallel_size",
-    "ep": "expert_parallel_size",
-    "dp_replicate": "dp_replicate_size",
-    "cpu_offload": "cpu_offload",
-}
-
-
-def _base_section(config_path: str | None, role: cfg.Role) -> dict[str, Any]:
-    if config_path is None:
-        return copy.deepcopy(DEFAULT_SECTION)
-    section = cfg.load_config(config_path).get(role)
-    if not isinstance(section, Mapping):
-        raise ValueError(f"{config_path} must have a {role} section (a mapping), got {section!r}")
-    return copy.deepcopy(dict(section))
-
-
-def build_options(
-    config_path: str | None = None,
-    role: cfg.Role = "policy",
-    *,
-    overrides: Mapping[str, Any] | None = None,
-    patch: bool = True,
-    nproc: int | None = None,
-    timeout_s: float = DEFAULT_TIMEOUT_S,
-    stall_rank: int | None = None,
-    stall_s: float = 0.0,
-) -> PreflightOptions:
-    """Options from a NeMo RL YAML (its ``role`` section) or the embedded default, then ``overrides``.
-
-    ``overrides`` keys: ``timeout_minutes``, ``timeout_minutes_after_init``, ``cpu_offload``,
-    ``tp``, ``cp``, ``ep``, ``dp_replicate``; None values are ignored. ``patch=False`` sets
-    ``automodel_cfg.patch_automodel: false``. Everything is validated here, before any rank
-    starts; errors are ``ValueError`` naming the key and the value.
-    """
-    if role not in cfg.ROLES:
-        raise ValueError(f"role must be one of {', '.join(cfg.ROLES)}, got {role!r}")
-    section = _base_section(config_path, role)
-    automodel = section["automodel_cfg"] = dict(section.get("automodel_cfg") or {})
-    dtensor = section["dtensor_cfg"] = dict(section.get("dtensor_cfg") or {})
-    for key, value in (overrides or {}).items():
-        if value is None:
-            continue
-        if key in _AUTOMODEL_OVERRIDES:
-            automodel[_AUTOMODEL_OVERRIDES[key]] = value
-        elif key in _DTENSOR_OVERRIDES:
-            dtensor[_DTENSOR_OVERRIDES[key]] = value
-        else:
-            raise ValueError(f"unknown preflight override {key!r}")
-    if not patch:
-        automodel["patch_automodel"] = False
-    where = f"{role}.automodel_cfg"
-    cfg.distributed_timeout_minutes_after_init(automodel, where)  # checks the start-up value too
-    cfg.patch_automodel(automodel, where)
-    parallel_sizes(dtensor, f"{role}.dtensor_cfg")
-    cpu_offload = dtensor.get("cpu_offload", False)
-    if not isinstance(cpu_offload, bool):
-        raise ValueError(f"{role}.dtensor_cfg.cpu_offload must be true or false, got {cpu_offload!r}")
-    if nproc is not None and nproc < MIN_RANKS:
-        raise ValueError(f"--nproc must be at least {MIN_RANKS}, got {nproc}")
-    if not timeout_s > 0:
-        raise ValueError(f"--timeout-s must be a positive number of seconds, got {timeout_s!r}")
-    return PreflightOptions(section, role, cpu_offload, nproc, float(timeout_s), stall_rank, float(stall_s))
 
 
 # --- where the ranks come from ---------------------------------------------------------------
@@ -252,7 +137,7 @@ def plan_ranks(nproc: int | None, cuda_devices: int) -> RankPlan:
 def _spawn(options: PreflightOptions, progress: Progress) -> PreflightReport:
     import torch
 
-    from nemo_rl_shim.launch import spawn_ranks
+    from nemo_rl_shim.cli.launch import spawn_ranks
 
     plan = plan_ranks(options.nproc, torch.cuda.device_count() if torch.cuda.is_available() else 0)
     progress(f"starting {plan.world_size} {plan.device.upper()} ranks (importing Automodel takes ~10 s)...")
@@ -325,8 +210,13 @@ def _join(options: PreflightOptions, launcher: Launcher, progress: Progress) -> 
 def run_preflight(
     options: PreflightOptions, progress: Progress | None = None, environ: Mapping[str, str] | None = None
 ) -> PreflightReport:
-    """Check ``options`` on spawned local ranks, or on the launcher's world when run under one."""
+    """Check ``options`` on Ray actors (``options.ray_address``), on the launcher's world when run
+    under one, or on spawned local ranks."""
     progress = progress or (lambda message: None)
+    if options.ray_address is not None:
+        from nemo_rl_shim.cli.ray_preflight import run_on_ray
+
+        return run_on_ray(options, options.ray_address, progress)
     launcher = detect_launcher(environ)
     if launcher is None:
         return _spawn(options, progress)

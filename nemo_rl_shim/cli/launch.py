@@ -1,7 +1,7 @@
 """Start N local ranks as processes, bounded in time, and collect every rank's result.
 
 Used by ``nemo-rl-shim preflight`` and by the multi-rank tests. Each rank runs
-``python -m nemo_rl_shim._rank MODULE:FUNCTION`` with the standard launcher
+``python -m nemo_rl_shim.cli._rank MODULE:FUNCTION`` with the standard launcher
 variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
 ``MASTER_PORT``), calls ``FUNCTION(params)`` and writes its JSON result, or its
 traceback, to a file. A rank that fails or a run past its deadline ends every
@@ -59,10 +59,10 @@ class RanksFailed(RuntimeError):
         super().__init__("\n".join(lines) or "ranks failed")
 
 
-def free_port() -> int:
-    """A free TCP port on the loopback interface."""
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` (default the loopback interface; ``""`` for every interface)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((host, 0))
         return sock.getsockname()[1]
 
 
@@ -143,7 +143,7 @@ def spawn_ranks(
                     [
                         sys.executable,
                         "-m",
-                        "nemo_rl_shim._rank",
+                        "nemo_rl_shim.cli._rank",
                         target,
                         str(out / "params.json"),
                         str(out / f"rank{rank}.json"),

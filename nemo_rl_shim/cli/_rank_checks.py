@@ -1,7 +1,7 @@
 """The per-rank half of ``nemo-rl-shim preflight``: real set-up, then one row of facts per process group.
 
-:func:`check_rank` runs on every rank, either spawned by
-:func:`nemo_rl_shim.launch.spawn_ranks` or under torchrun / srun. It calls the
+:func:`check_rank` runs on every rank: spawned by :func:`nemo_rl_shim.cli.launch.spawn_ranks`,
+under torchrun / srun, or in a Ray actor (:mod:`nemo_rl_shim.cli.ray_preflight`). It calls the
 real :func:`~nemo_rl_shim.distributed_setup.setup_distributed`, then reads each
 process group's ranks, backend per device and timeout per backend from the
 group itself, and runs a CPU and a CUDA all-reduce on it. With CPU offload it
@@ -14,8 +14,10 @@ tears them down after gathering).
 from __future__ import annotations
 
 import os
+import socket
 import time
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -103,16 +105,30 @@ def _offload_check(device_mesh: Any) -> dict[str, Any]:
     return facts
 
 
-def check_rank(params: dict[str, Any]) -> dict[str, Any]:
+def _cuda_device() -> int:
+    """The CUDA device of this rank: ``LOCAL_RANK`` among the visible devices, or the only one visible.
+
+    Under torchrun every rank sees every GPU of its node; a Ray actor sees only the GPU of
+    its bundle, while NeMo RL still sets ``LOCAL_RANK`` to the bundle index.
+    """
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    return local_rank if local_rank < torch.cuda.device_count() else 0
+
+
+def check_rank(params: dict[str, Any], phase: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Set up this rank for real and return its facts; see the module docstring.
 
     ``params``: ``section`` (the role's config section), ``role``, ``cpu_offload``,
     and the fault injection ``stall_rank`` / ``stall_s``: that rank sleeps
     ``stall_s`` seconds after set-up, so its peers wait in a collective on it.
+    ``phase`` is told what the rank is doing as it goes, so a runner that gives up on
+    a stuck rank can say where it was.
     """
+    phase = phase or (lambda what: None)
     rank = int(os.environ["RANK"])
     if torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(_cuda_device())
+    phase("setup_distributed")
     # The decision's warning is in the report; recorded here so it is not printed once per rank.
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", RuntimeWarning)
@@ -120,16 +136,24 @@ def check_rank(params: dict[str, Any]) -> dict[str, Any]:
             params["section"], RuntimeConfig(cpu_offload=params["cpu_offload"]), role=params.get("role", "policy")
         )
     if params.get("stall_rank") == rank:
+        phase(f"stalling {params.get('stall_s', 0.0):g} s after set-up (fault injection)")
         print(f"rank {rank}: stalling {params.get('stall_s', 0.0):g} s after set-up (fault injection)", flush=True)
         time.sleep(float(params.get("stall_s", 0.0)))
     groups = named_groups(context.device_mesh, context.moe_mesh)
-    rows = [_group_row(name, group, params["cpu_offload"]) for name, group in groups.items()]
+    rows = []
+    for name, group in groups.items():
+        phase(f"all_reduce on group {name}")
+        rows.append(_group_row(name, group, params["cpu_offload"]))
+    phase("full_tensor() of a CPU-offloaded parameter")
     offload = _offload_check(context.device_mesh) if params["cpu_offload"] else None
+    phase("after_first_step")
     if after_first_step(context):
         for row, group in zip(rows, groups.values(), strict=True):
             row["timeout_minutes_after_init"] = _minutes(group)
+    phase("done")
     return {
         "rank": rank,
+        "host": socket.gethostname(),
         "world_size": dist.get_world_size(),
         "default_backend": str(dist.get_backend()),
         "device": "cuda" if torch.cuda.is_available() else "cpu",

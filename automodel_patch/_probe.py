@@ -1,0 +1,100 @@
+"""What the workaround probes share: call an override the way Automodel does, and read its answer.
+
+An override maps each mesh axis to ``(backend, options)``, to a backend string alone,
+or to options alone (torch's ``DeviceMesh`` accepts all three; a missing backend means
+the default group's). The probes judge that answer against the default group the call
+ran under (:mod:`automodel_patch._world`).
+"""
+
+from __future__ import annotations
+
+import datetime
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from torch.distributed.distributed_c10d import BackendConfig
+
+from automodel_patch._world import simulated_default_group
+
+__all__ = [
+    "EXPECTED_PARAMETERS",
+    "ONE_MINUTE",
+    "PROBE_AXES",
+    "Unreadable",
+    "axis_problems",
+    "call_under",
+    "first_line",
+    "has_override_signature",
+]
+
+PROBE_AXES = ("dp_shard", "tp")
+EXPECTED_PARAMETERS = ("axes", "device_type", "timeout_minutes")
+ONE_MINUTE = datetime.timedelta(minutes=1)
+
+
+class Unreadable(ValueError):
+    """The function answered with something the probe cannot judge."""
+
+
+def has_override_signature(function: Callable[..., Any] | None) -> bool:
+    """Whether ``function`` takes ``(axes, *, device_type, timeout_minutes)``, as 0.5.0 ... 0.7.0 do."""
+    if function is None:
+        return False
+    try:
+        return tuple(inspect.signature(function).parameters) == EXPECTED_PARAMETERS
+    except (TypeError, ValueError):
+        return False
+
+
+def first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0] if lines else ''}".strip()
+
+
+def call_under(backend: str, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``function(*args, **kwargs)`` while a one-rank group reporting ``backend`` is the default group."""
+    with simulated_default_group(backend):
+        return function(*args, **kwargs)
+
+
+def _split(config: Any) -> tuple[str | None, Any]:
+    if isinstance(config, tuple) and len(config) == 2:
+        backend, options = config
+    elif isinstance(config, str):
+        backend, options = config, None
+    else:
+        backend, options = None, config
+    if backend is not None and not isinstance(backend, str):
+        raise Unreadable(f"backend {backend!r} is not a string")
+    return backend, options
+
+
+def axis_problems(
+    override: Any, axes: tuple[str, ...], *, default_backend: str, minutes: datetime.timedelta
+) -> list[str]:
+    """What is wrong with ``override`` for ``axes`` under ``default_backend``: [] when every axis keeps
+    every device of the default group and carries ``minutes`` as its timeout.
+
+    Raises :class:`Unreadable` for an answer that is neither None nor a mapping of axes.
+    """
+    if override is None:
+        return ["returns no override, so the mesh sub-groups do not get the timeout"]
+    if not isinstance(override, Mapping):
+        raise Unreadable(f"returned {type(override).__name__}, not a mapping of axes")
+    wanted = set(BackendConfig(default_backend).get_device_backend_map())
+    problems = []
+    for axis in axes:
+        if axis not in override or override[axis] is None:
+            problems.append(f"gives axis {axis!r} no override, so it does not get the timeout")
+            continue
+        backend, options = _split(override[axis])
+        if backend is not None:
+            kept = set(BackendConfig(backend).get_device_backend_map())
+            if not wanted <= kept:
+                lost = ",".join(sorted(wanted - kept))
+                problems.append(f"builds axis {axis!r} as {backend!r}, dropping the {lost} half of {default_backend!r}")
+        timeout = getattr(options, "_timeout", None)
+        if timeout != minutes:
+            problems.append(f"gives axis {axis!r} timeout {timeout}, not the requested {minutes}")
+    return problems

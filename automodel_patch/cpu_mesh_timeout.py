@@ -1,0 +1,167 @@
+"""Workaround ``cpu-mesh-timeout``: a CPU (plain ``gloo``) mesh's sub-groups and MoE axes get the timeout.
+
+# AUTOMODEL-WORKAROUND(cpu-mesh-timeout): TEMPORARY. Remove when the installed Automodel
+# gives a gloo mesh's sub-groups and MoE axes the requested timeout by itself.
+
+Symptom: on a machine without CUDA (the default group is plain ``"gloo"``) every mesh
+    sub-group and MoE axis keeps gloo's 30-minute default whatever
+    ``distributed_timeout_minutes`` says; only the default group gets the value.
+Cause: ``mesh_utils._nccl_backend_override`` returns None for any non-CUDA mesh, and
+    ``_unflatten_compat`` passes a timeout to ``DeviceMesh._unflatten`` only on CUDA
+    (nemo-automodel 0.5.0 to 0.7.0; the fix for NVIDIA-NeMo/Automodel#4602 is expected to
+    keep that guard). No upstream issue is known.
+Fix: a layer over the override that, for a non-CUDA mesh, overrides every axis with the
+    default group's backend and the timeout; and a wrapper of ``_unflatten_compat`` that
+    gives a CPU mesh's MoE axes the same (0.6.0 and later; 0.5.0 has no MoE timeout plumbing).
+Removal: when the genuine override, called for a CPU mesh under a ``"gloo"`` default group,
+    gives every axis the requested timeout, and the genuine ``_unflatten_compat`` passes it
+    to a CPU mesh's MoE axes (or no longer exists).
+Tripwire: ``tests/test_tripwire.py::test_cpu_mesh_timeout_is_still_needed``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+from types import ModuleType
+from typing import Any
+
+from automodel_patch import _override, _probe
+from automodel_patch._target import OVERRIDE_NAME
+from automodel_patch._verdict import Detection, Verdict
+from automodel_patch._workaround import Functions, Workaround
+from automodel_patch._world import SimulationUnavailable
+
+__all__ = ["UNFLATTEN_NAME", "WORKAROUND", "make_unflatten_compat"]
+
+SLUG = "cpu-mesh-timeout"
+GLOO = "gloo"
+UNFLATTEN_NAME = "_unflatten_compat"
+#: MoE axes as Automodel's ``_create_moe_mesh`` names them, and sizes no one-rank world can reuse.
+_MOE_NAMES = ("ep_shard", "ep")
+_MOE_SIZES = (2, 2)
+
+
+class _RecordingFlatMesh:
+    """The flattened mesh ``_unflatten_compat`` receives, reduced to what the probe reads.
+
+    Building a real one needs a process group per axis; the probe only needs to see
+    which ``backend_override`` the genuine function would hand to ``DeviceMesh._unflatten``.
+    """
+
+    device_type = "cpu"
+
+    def __init__(self) -> None:
+        self.backend_override: Any = None
+
+    def _unflatten(self, axis: int, sizes: tuple[int, ...], names: tuple[str, ...], **kwargs: Any) -> str:
+        self.backend_override = kwargs.get("backend_override")
+        return "unflattened"
+
+
+def _takes_timeout(function: Callable[..., Any] | None) -> bool:
+    try:
+        return function is not None and "timeout_minutes" in inspect.signature(function).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _moe_problems(unflatten: Callable[..., Any] | None) -> list[str]:
+    if not _takes_timeout(unflatten):
+        return []  # no MoE timeout plumbing on any device (0.5.0): nothing this workaround could add
+    mesh = _RecordingFlatMesh()
+    _probe.call_under(GLOO, unflatten, mesh, 0, _MOE_SIZES, _MOE_NAMES, timeout_minutes=1)
+    problems = _probe.axis_problems(mesh.backend_override, _MOE_NAMES, default_backend=GLOO, minutes=_probe.ONE_MINUTE)
+    return [f"{UNFLATTEN_NAME} for a CPU mesh's MoE axes {problem}" for problem in problems]
+
+
+def probe(functions: Functions) -> Detection:
+    """Call the genuine override (and ``_unflatten_compat``) for a CPU mesh under a simulated gloo group."""
+    override = functions.get(OVERRIDE_NAME)
+    if not _probe.has_override_signature(override):
+        return Detection(SLUG, Verdict.ABSENT, f"no {OVERRIDE_NAME}(axes, *, device_type, timeout_minutes) to probe")
+    call = f"{OVERRIDE_NAME}(device_type='cpu', timeout_minutes=1) under a 'gloo' default group"
+    try:
+        answer = _probe.call_under(GLOO, override, _probe.PROBE_AXES, device_type="cpu", timeout_minutes=1)
+        problems = [
+            f"{call} {p}"
+            for p in _probe.axis_problems(answer, _probe.PROBE_AXES, default_backend=GLOO, minutes=_probe.ONE_MINUTE)
+        ]
+        problems += _moe_problems(functions.get(UNFLATTEN_NAME))
+    except SimulationUnavailable as e:
+        return Detection(SLUG, Verdict.UNKNOWN, str(e))
+    except Exception as e:  # the function (or its answer) defeats the probe: say so
+        return Detection(SLUG, Verdict.UNKNOWN, f"probing a CPU mesh raised {_probe.first_line(e)}")
+    if problems:
+        return Detection(SLUG, Verdict.NEEDED, problems[0])
+    return Detection(SLUG, Verdict.NOT_NEEDED, f"{call} gives every axis the timeout, and so do the MoE axes")
+
+
+def make_unflatten_compat(unflatten_compat: Callable[..., Any], mesh_utils: ModuleType) -> Callable[..., Any] | None:
+    """Wrap ``_unflatten_compat`` so a CPU mesh's MoE sub-groups get the timeout.
+
+    Returns None when the installed function takes no ``timeout_minutes`` (0.5.0),
+    which has no timeout plumbing for the MoE mesh at all.
+    """
+    if not _takes_timeout(unflatten_compat):
+        return None
+
+    def unflatten_compat_with_cpu_timeout(
+        flat_mesh: Any,
+        axis: int,
+        sizes: tuple[int, ...],
+        names: tuple[str, ...],
+        *,
+        timeout_minutes: float | None = None,
+    ) -> Any:
+        if timeout_minutes is not None and flat_mesh.device_type != "cuda" and hasattr(flat_mesh, "_unflatten"):
+            override = mesh_utils._nccl_backend_override(
+                names, device_type=flat_mesh.device_type, timeout_minutes=timeout_minutes
+            )
+            override = _override.without_reusable(override, dict(zip(names, sizes, strict=True)))
+            if override:
+                return flat_mesh._unflatten(axis, sizes, names, backend_override=override)
+        return unflatten_compat(flat_mesh, axis, sizes, names, timeout_minutes=timeout_minutes)
+
+    unflatten_compat_with_cpu_timeout.__wrapped__ = unflatten_compat  # type: ignore[attr-defined]
+    return unflatten_compat_with_cpu_timeout
+
+
+def layer(mesh_utils: ModuleType, current: Mapping[str, Any]) -> dict[str, Any]:
+    """The override for non-CUDA meshes, and the MoE companion where the release has one."""
+    below = current[OVERRIDE_NAME]
+
+    def cpu_mesh_override(axes, *, device_type, timeout_minutes):
+        if timeout_minutes is not None and device_type != "cuda":
+            return _override.keep_all_backends_override(axes, device_type=device_type, timeout_minutes=timeout_minutes)
+        return below(axes, device_type=device_type, timeout_minutes=timeout_minutes)
+
+    replacements: dict[str, Any] = {OVERRIDE_NAME: cpu_mesh_override}
+    unflatten = current.get(UNFLATTEN_NAME)
+    if unflatten is not None and (wrapped := make_unflatten_compat(unflatten, mesh_utils)) is not None:
+        replacements[UNFLATTEN_NAME] = wrapped
+    return replacements
+
+
+WORKAROUND = Workaround(
+    slug=SLUG,
+    symptom="on a CPU (gloo) mesh, sub-groups and MoE axes keep gloo's 30-minute default",
+    removal_condition=(
+        "the installed Automodel gives a gloo mesh's sub-groups and MoE axes the requested timeout by itself "
+        "(its _nccl_backend_override overrides every axis of a CPU mesh with the timeout, and _unflatten_compat "
+        "passes it to a CPU mesh's MoE axes)"
+    ),
+    tripwire="tests/test_tripwire.py::test_cpu_mesh_timeout_is_still_needed",
+    places={
+        "automodel_patch/cpu_mesh_timeout.py": "the workaround itself: delete the file",
+        "automodel_patch/__init__.py": "its entry in WORKAROUNDS and its import: delete both lines",
+        "tests/test_cpu_mesh_timeout.py": "its unit tests: delete the file",
+        "tests/test_releases.py": "the cpu-mesh-timeout expectations of the release matrix: delete them",
+        "tests/test_tripwire.py": "test_cpu_mesh_timeout_is_still_needed: delete it",
+        "README.md": "its row in 'When the pin moves': delete it",
+    },
+    default_backends=frozenset({GLOO}),
+    names=(OVERRIDE_NAME, UNFLATTEN_NAME),
+    probe=probe,
+    layer=layer,
+)

@@ -1,0 +1,97 @@
+"""Workaround ``keep-cpu-backend``: mesh sub-groups keep the CPU (Gloo) half of a composite default group.
+
+# AUTOMODEL-WORKAROUND(keep-cpu-backend): TEMPORARY. Remove when the automodel pin
+# includes NVIDIA-NeMo/Automodel#4602.
+
+Symptom: with FSDP2 CPU offload and a distributed timeout, ``DTensor.full_tensor()`` on a
+    CPU-offloaded parameter fails with ``No backend type associated with device type cpu``
+    (first hit in NeMo RL's ``prepare_refit_info()``).
+Cause: ``mesh_utils._nccl_backend_override`` (nemo-automodel 0.5.0 to 0.7.0) builds every
+    mesh sub-group as ``"nccl"``, dropping the ``cpu:gloo`` half of the
+    ``"cuda:nccl,cpu:gloo"`` default group that CPU offload needs.
+Fix: a layer over the override that, for a CUDA mesh, keeps the default group's whole
+    backend string and puts the timeout on each half
+    (:func:`automodel_patch._override.keep_all_backends_override`).
+Removal: when the automodel pin includes NVIDIA-NeMo/Automodel#4602, which the probe sees
+    as: under a ``"cuda:nccl,cpu:gloo"`` default group the genuine override keeps both
+    halves on every axis, with the requested timeout.
+Tripwire: ``tests/test_tripwire.py::test_keep_cpu_backend_is_still_needed``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import ModuleType
+from typing import Any
+
+from automodel_patch import _override, _probe
+from automodel_patch._target import OVERRIDE_NAME
+from automodel_patch._verdict import Detection, Verdict
+from automodel_patch._workaround import Functions, Workaround
+from automodel_patch._world import SimulationUnavailable
+
+__all__ = ["COMPOSITE_BACKEND", "WORKAROUND"]
+
+SLUG = "keep-cpu-backend"
+COMPOSITE_BACKEND = "cuda:nccl,cpu:gloo"
+
+
+def probe(functions: Functions) -> Detection:
+    """Call the genuine override for a CUDA mesh under a simulated composite default group."""
+    override = functions.get(OVERRIDE_NAME)
+    if not _probe.has_override_signature(override):
+        return Detection(SLUG, Verdict.ABSENT, f"no {OVERRIDE_NAME}(axes, *, device_type, timeout_minutes) to probe")
+    call = f"{OVERRIDE_NAME}(device_type='cuda', timeout_minutes=1) under a {COMPOSITE_BACKEND!r} default group"
+    try:
+        answer = _probe.call_under(
+            COMPOSITE_BACKEND, override, _probe.PROBE_AXES, device_type="cuda", timeout_minutes=1
+        )
+        problems = _probe.axis_problems(
+            answer, _probe.PROBE_AXES, default_backend=COMPOSITE_BACKEND, minutes=_probe.ONE_MINUTE
+        )
+    except SimulationUnavailable as e:
+        return Detection(SLUG, Verdict.UNKNOWN, str(e))
+    except Exception as e:  # the function (or its answer) defeats the probe: say so
+        return Detection(SLUG, Verdict.UNKNOWN, f"{call} raised {_probe.first_line(e)}")
+    if problems:
+        return Detection(SLUG, Verdict.NEEDED, f"{call} {problems[0]}")
+    return Detection(SLUG, Verdict.NOT_NEEDED, f"{call} keeps both halves with the timeout on every axis")
+
+
+def layer(mesh_utils: ModuleType, current: Mapping[str, Any]) -> dict[str, Any]:
+    """The override for CUDA meshes; every other call goes to what is installed below."""
+    below = current[OVERRIDE_NAME]
+
+    def keep_all_backends_override(axes, *, device_type, timeout_minutes):
+        if timeout_minutes is not None and device_type == "cuda":
+            return _override.keep_all_backends_override(axes, device_type=device_type, timeout_minutes=timeout_minutes)
+        return below(axes, device_type=device_type, timeout_minutes=timeout_minutes)
+
+    keep_all_backends_override.__doc__ = _override.keep_all_backends_override.__doc__
+    return {OVERRIDE_NAME: keep_all_backends_override}
+
+
+WORKAROUND = Workaround(
+    slug=SLUG,
+    symptom="with CPU offload and a timeout, mesh sub-groups lose the cpu:gloo half and full_tensor() fails",
+    removal_condition=(
+        "the automodel pin includes NVIDIA-NeMo/Automodel#4602 (under a cuda:nccl,cpu:gloo default group its "
+        "_nccl_backend_override keeps both halves, with the timeout, on every axis)"
+    ),
+    tripwire="tests/test_tripwire.py::test_keep_cpu_backend_is_still_needed",
+    places={
+        "automodel_patch/keep_cpu_backend.py": "the workaround itself: delete the file",
+        "automodel_patch/__init__.py": "its entry in WORKAROUNDS and its import: delete both lines",
+        "automodel_patch/keep-cpu-backend.patch": "the source patch for forks: delete the file",
+        "tests/test_keep_cpu_backend.py": "its unit tests: delete the file",
+        "tests/test_source_patch.py": "the source patch's tests: delete the file",
+        "tests/test_releases.py": "the keep-cpu-backend expectations of the release matrix: delete them",
+        "tests/test_gpu.py": "the 'patched' variant of the two-GPU test: delete it, keep the native one",
+        "tests/test_tripwire.py": "test_keep_cpu_backend_is_still_needed: delete it",
+        "README.md": "its row in 'When the pin moves': delete it",
+    },
+    default_backends=frozenset({COMPOSITE_BACKEND}),
+    names=(OVERRIDE_NAME,),
+    probe=probe,
+    layer=layer,
+)

@@ -1,0 +1,136 @@
+"""What ``nemo-rl-shim preflight`` checks, read from a NeMo RL YAML and the flags, validated before any rank starts.
+
+Shared by the runner (:mod:`nemo_rl_shim.cli.preflight`) and the report
+(:mod:`nemo_rl_shim.cli._report`), so neither imports the other.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from nemo_rl_shim import config as cfg
+from nemo_rl_shim.distributed_setup import parallel_sizes
+
+__all__ = ["DEFAULT_SECTION", "DEFAULT_TIMEOUT_S", "MIN_RANKS", "PreflightOptions", "build_options"]
+
+MIN_RANKS = 2
+DEFAULT_TIMEOUT_S = 300.0
+DEFAULT_SECTION: dict[str, Any] = {
+    "automodel_cfg": {"distributed_timeout_minutes": 45.0, "patch_automodel": True},
+    "dtensor_cfg": {"cpu_offload": True},
+}
+
+
+@dataclass(frozen=True)
+class PreflightOptions:
+    """What to check: the role's section as ``setup_distributed`` receives it, and how to run."""
+
+    section: dict[str, Any]
+    role: cfg.Role = "policy"
+    cpu_offload: bool = True
+    nproc: int | None = None
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    stall_rank: int | None = None
+    stall_s: float = 0.0
+    #: ``--ray``: the Ray cluster to run on (``"auto"`` or an address); None runs without Ray.
+    ray_address: str | None = None
+
+    @property
+    def timeout_minutes(self) -> float | None:
+        """The configured start-up timeout (``distributed_timeout_minutes``)."""
+        block = cfg.automodel_cfg({self.role: self.section}, self.role)
+        return cfg.distributed_timeout_minutes(block, f"{self.role}.automodel_cfg")
+
+    @property
+    def timeout_minutes_after_init(self) -> float | None:
+        """The configured steady-state timeout (``distributed_timeout_minutes_after_init``)."""
+        block = cfg.automodel_cfg({self.role: self.section}, self.role)
+        return cfg.distributed_timeout_minutes_after_init(block, f"{self.role}.automodel_cfg")
+
+    def params(self) -> dict[str, Any]:
+        """The JSON params every rank's :func:`check_rank` receives."""
+        return {
+            "section": self.section,
+            "role": self.role,
+            "cpu_offload": self.cpu_offload,
+            "stall_rank": self.stall_rank,
+            "stall_s": self.stall_s,
+        }
+
+
+_AUTOMODEL_OVERRIDES = {
+    "timeout_minutes": "distributed_timeout_minutes",
+    "timeout_minutes_after_init": "distributed_timeout_minutes_after_init",
+}
+_DTENSOR_OVERRIDES = {
+    "tp": "tensor_parallel_size",
+    "cp": "context_parallel_size",
+    "ep": "expert_parallel_size",
+    "dp_replicate": "dp_replicate_size",
+    "cpu_offload": "cpu_offload",
+}
+
+
+def _base_section(config_path: str | None, role: cfg.Role) -> dict[str, Any]:
+    if config_path is None:
+        return copy.deepcopy(DEFAULT_SECTION)
+    section = cfg.load_config(config_path).get(role)
+    if not isinstance(section, Mapping):
+        raise ValueError(f"{config_path} must have a {role} section (a mapping), got {section!r}")
+    return copy.deepcopy(dict(section))
+
+
+def build_options(
+    config_path: str | None = None,
+    role: cfg.Role = "policy",
+    *,
+    overrides: Mapping[str, Any] | None = None,
+    patch: bool = True,
+    nproc: int | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    stall_rank: int | None = None,
+    stall_s: float = 0.0,
+    ray_address: str | None = None,
+) -> PreflightOptions:
+    """Options from a NeMo RL YAML (its ``role`` section) or the embedded default, then ``overrides``.
+
+    ``overrides`` keys: ``timeout_minutes``, ``timeout_minutes_after_init``, ``cpu_offload``,
+    ``tp``, ``cp``, ``ep``, ``dp_replicate``; None values are ignored. ``patch=False`` sets
+    ``automodel_cfg.patch_automodel: false``. Everything is validated here, before any rank
+    starts; errors are ``ValueError`` naming the key and the value.
+    """
+    if role not in cfg.ROLES:
+        raise ValueError(f"role must be one of {', '.join(cfg.ROLES)}, got {role!r}")
+    section = _base_section(config_path, role)
+    automodel = section["automodel_cfg"] = dict(section.get("automodel_cfg") or {})
+    dtensor = section["dtensor_cfg"] = dict(section.get("dtensor_cfg") or {})
+    for key, value in (overrides or {}).items():
+        if value is None:
+            continue
+        if key in _AUTOMODEL_OVERRIDES:
+            automodel[_AUTOMODEL_OVERRIDES[key]] = value
+        elif key in _DTENSOR_OVERRIDES:
+            dtensor[_DTENSOR_OVERRIDES[key]] = value
+        else:
+            raise ValueError(f"unknown preflight override {key!r}")
+    if not patch:
+        automodel["patch_automodel"] = False
+    where = f"{role}.automodel_cfg"
+    cfg.distributed_timeout_minutes_after_init(automodel, where)  # checks the start-up value too
+    cfg.patch_automodel(automodel, where)
+    parallel_sizes(dtensor, f"{role}.dtensor_cfg")
+    cpu_offload = dtensor.get("cpu_offload", False)
+    if not isinstance(cpu_offload, bool):
+        raise ValueError(f"{role}.dtensor_cfg.cpu_offload must be true or false, got {cpu_offload!r}")
+    if nproc is not None and nproc < MIN_RANKS:
+        raise ValueError(f"--nproc must be at least {MIN_RANKS}, got {nproc}")
+    if not timeout_s > 0:
+        raise ValueError(f"--timeout-s must be a positive number of seconds, got {timeout_s!r}")
+    if ray_address is not None and not ray_address.strip():
+        raise ValueError(f"--ray takes 'auto' or a cluster address (host:port), got {ray_address!r}")
+    return PreflightOptions(
+        section, role, cpu_offload, nproc, float(timeout_s), stall_rank, float(stall_s), ray_address
+    )

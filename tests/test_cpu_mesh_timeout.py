@@ -1,0 +1,113 @@
+"""The cpu-mesh-timeout layer: the override for a CPU (gloo) mesh, and the MoE companion.
+
+# AUTOMODEL-WORKAROUND(cpu-mesh-timeout): these tests go with the workaround.
+
+The override is called under a simulated plain-gloo default group
+(:func:`automodel_patch._world.simulated_default_group`); real Gloo groups built with it
+are in ``test_mesh_cpu.py``, ``test_setup_distributed.py`` and ``test_fault.py``.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterator
+from types import ModuleType
+from typing import Any
+
+import pytest
+import torch.distributed as dist
+
+import automodel_patch
+from automodel_patch._target import OVERRIDE_NAME, load_mesh_utils
+from automodel_patch._world import simulated_default_group
+from automodel_patch.cpu_mesh_timeout import UNFLATTEN_NAME
+
+__all__: list[str] = []
+
+AXES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+
+
+@pytest.fixture(autouse=True)
+def mesh_utils() -> Iterator[ModuleType]:
+    automodel_patch.revert()
+    yield load_mesh_utils()
+    automodel_patch.revert()
+
+
+def test_genuine_0_7_0_gives_a_cpu_mesh_no_override(mesh_utils: ModuleType) -> None:
+    with simulated_default_group("gloo"):
+        assert getattr(mesh_utils, OVERRIDE_NAME)(AXES, device_type="cpu", timeout_minutes=45) is None
+
+
+@pytest.mark.parametrize("via", ["function", "installed layer"])
+def test_override_gives_every_axis_gloo_and_the_timeout(mesh_utils: ModuleType, via: str) -> None:
+    if via == "installed layer":
+        automodel_patch.apply("cpu-mesh-timeout")
+        override_fn = getattr(mesh_utils, OVERRIDE_NAME)
+    else:
+        override_fn = automodel_patch.keep_all_backends_override
+    with simulated_default_group("gloo"):
+        override = override_fn(AXES, device_type="cpu", timeout_minutes=0.5)
+    assert set(override) == set(AXES)
+    for axis, (backend, options) in override.items():
+        assert backend == "gloo", f"axis {axis}: backend {backend!r}"
+        assert not isinstance(options, dist.ProcessGroupNCCL.Options)
+        assert options._timeout == datetime.timedelta(seconds=30)
+
+
+def test_layer_hands_cuda_meshes_to_what_lies_below(mesh_utils: ModuleType) -> None:
+    """cpu-mesh-timeout alone leaves a CUDA mesh to 0.7.0's own code (bare "nccl", the other workaround's bug)."""
+    automodel_patch.apply("cpu-mesh-timeout")
+    with simulated_default_group("cuda:nccl,cpu:gloo"):
+        override = getattr(mesh_utils, OVERRIDE_NAME)(AXES, device_type="cuda", timeout_minutes=45)
+    assert {backend for backend, _ in override.values()} == {"nccl"}
+
+
+class _FlatMesh:
+    """The flattened mesh ``_unflatten_compat`` receives: what the companion hands to ``_unflatten``, recorded.
+
+    A real one needs a process group per axis (``test_mesh_cpu.py`` builds those); here the
+    question is only which override the companion passes.
+    """
+
+    def __init__(self, device_type: str) -> None:
+        self.device_type = device_type
+        self.calls: list[dict[str, Any]] = []
+
+    def _unflatten(self, axis: int, sizes: tuple[int, ...], names: tuple[str, ...], **kwargs: Any) -> str:
+        self.calls.append({"sizes": sizes, "names": names, **kwargs})
+        return "mesh"
+
+
+def test_moe_companion_passes_the_timeout_for_a_cpu_mesh(mesh_utils: ModuleType) -> None:
+    automodel_patch.apply("cpu-mesh-timeout")
+    flat = _FlatMesh("cpu")
+    with simulated_default_group("gloo"):
+        getattr(mesh_utils, UNFLATTEN_NAME)(flat, 0, (2, 2), ("ep_shard", "ep"), timeout_minutes=45)
+    (call,) = flat.calls
+    override = call["backend_override"]
+    assert set(override) == {"ep_shard", "ep"}
+    assert {options._timeout for _, options in override.values()} == {datetime.timedelta(minutes=45)}
+
+
+def test_moe_companion_drops_world_sized_axes_so_they_reuse_the_default_group(mesh_utils: ModuleType) -> None:
+    """An axis spanning the world whose default group already has the timeout reuses it; a differing timeout does not.
+
+    The one-rank probe world's default group carries 1 minute, and an axis of size 1 spans it.
+    """
+    automodel_patch.apply("cpu-mesh-timeout")
+    flat = _FlatMesh("cpu")
+    with simulated_default_group("gloo"):
+        getattr(mesh_utils, UNFLATTEN_NAME)(flat, 0, (1, 2), ("ep_shard", "ep"), timeout_minutes=1)
+        getattr(mesh_utils, UNFLATTEN_NAME)(flat, 0, (1, 2), ("ep_shard", "ep"), timeout_minutes=45)
+    same, other = flat.calls
+    assert set(same["backend_override"]) == {"ep"}
+    assert set(other["backend_override"]) == {"ep_shard", "ep"}
+
+
+def test_moe_companion_leaves_cuda_and_no_timeout_to_upstream(mesh_utils: ModuleType) -> None:
+    automodel_patch.apply("cpu-mesh-timeout")
+    flat = _FlatMesh("cpu")
+    with simulated_default_group("gloo"):
+        getattr(mesh_utils, UNFLATTEN_NAME)(flat, 0, (2, 2), ("ep_shard", "ep"), timeout_minutes=None)
+    assert flat.calls == [{"sizes": (2, 2), "names": ("ep_shard", "ep")}]
