@@ -25,6 +25,7 @@ group's entries, and a default group that existed before (a probe after
 from __future__ import annotations
 
 import datetime
+import functools
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -51,8 +52,29 @@ def _backend_type(name: str) -> Any:
     return getattr(ProcessGroup.BackendType, name.upper(), ProcessGroup.BackendType.CUSTOM)
 
 
+def _gloo(store: Any) -> Any:
+    """A one-rank Gloo backend on the loopback interface.
+
+    ``ProcessGroupGloo``'s default device resolves the host name (about 10 ms); a rank of
+    one needs no network, so it gets the loopback device (about 0.1 ms).
+    """
+    options_type = getattr(dist.ProcessGroupGloo, "_Options", None)
+    if options_type is None:  # a torch without the private options type: the default device
+        return dist.ProcessGroupGloo(store, 0, 1, _TIMEOUT)
+    options = options_type()
+    options._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
+    options._timeout = _TIMEOUT
+    return dist.ProcessGroupGloo(store, 0, 1, options)
+
+
+@functools.cache
 def _make_group(backend: str) -> tuple[Any, Any]:
-    """A real one-rank ProcessGroup whose devices follow ``backend``; a Gloo object per backend name."""
+    """A real one-rank ProcessGroup whose devices follow ``backend``; a Gloo object per backend name.
+
+    Made once per backend string and kept: tearing a Gloo backend down joins its threads
+    (about 10 ms), so each probe would pay that again. Between probes it is in no map of
+    the world, and nothing but the probe ever sees it.
+    """
     from torch.distributed import ProcessGroup
 
     store = dist.HashStore()
@@ -61,7 +83,7 @@ def _make_group(backend: str) -> tuple[Any, Any]:
     objects: dict[str, Any] = {}
     for device, name in devices.items():
         if name not in objects:
-            objects[name] = dist.ProcessGroupGloo(dist.PrefixStore(name, store), 0, 1, _TIMEOUT)
+            objects[name] = _gloo(dist.PrefixStore(name, store))
         group._register_backend(torch.device(device), _backend_type(name), objects[name])
     group._set_default_backend(_backend_type(next(iter(devices.values()))))
     return group, store
@@ -78,6 +100,8 @@ def simulated_default_group(backend: str) -> Iterator[Any]:
         try:
             world = dist.distributed_c10d._world
             group, store = _make_group(backend)
+            for device in group._device_types:  # every probe starts from the same state, whoever came before
+                group._get_backend(device)._set_default_timeout(_TIMEOUT)
             maps = (world.pg_map, world.pg_backend_config, world.pg_names, world.pg_group_ranks)
             saved_default = world.default_pg
         except Exception as e:  # any torch that lacks a piece: say so, change nothing

@@ -86,6 +86,13 @@ class Decision:
         return self.timeout_minutes if self.action in (Action.FORWARD, Action.PATCH_AND_FORWARD) else None
 
     @property
+    def every_group(self) -> bool:
+        """Whether every process group is meant to carry the timeout (False where only the default group is)."""
+        if self.forward_minutes is None:
+            return False
+        return not (self.action is Action.FORWARD and self.warning is not None)  # the CPU-mesh row without the fix
+
+    @property
     def patches(self) -> tuple[str, ...]:
         """Slugs of the workarounds ``setup_distributed`` applies."""
         return tuple(w.slug for w in self.workarounds if w.apply)
@@ -102,6 +109,7 @@ class Decision:
             "warning": self.warning,
             "timeout_minutes": self.timeout_minutes,
             "forward_minutes": self.forward_minutes,
+            "every_group": self.every_group,
             "default_backend": self.default_backend,
             "apply_patch": self.apply_patch,
             "patches": list(self.patches),

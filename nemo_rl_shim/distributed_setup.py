@@ -8,6 +8,7 @@ seven fields are NeMo RL's ``DistributedContext``, so a worker can take it as is
 
 from __future__ import annotations
 
+import datetime
 import importlib
 import os
 import warnings
@@ -21,8 +22,10 @@ import torch.distributed as dist
 import automodel_patch
 from nemo_rl_shim import config as cfg
 from nemo_rl_shim.decision import Decision, decide
+from nemo_rl_shim.groups import backend_timeouts
 from nemo_rl_shim.process_group import backend_for, init_process_group
 from nemo_rl_shim.support import require_supported
+from nemo_rl_shim.timeouts import run_groups, set_group_timeout
 
 __all__ = [
     "NEMO_RL_FIELDS",
@@ -71,6 +74,9 @@ class DistributedContext(NamedTuple):
     cp_size: int
     decision: Decision | None = None
     timeout_minutes_after_init: float | None = None
+    #: Groups whose backends came out of the mesh build without the timeout, and got it right after
+    #: (torch 2.9's DeviceMesh passes no timeout to Gloo sub-groups); empty where the build gave it.
+    timeouts_set_after_build: tuple[str, ...] = ()
 
 
 #: NeMo RL's ``DistributedContext`` fields, in order.
@@ -199,6 +205,24 @@ def _launcher_world_size() -> int | None:
         return None
 
 
+# Gate: torch 2.9's DeviceMesh hands an override's options but no ``timeout`` to ``new_group``, so
+# Gloo sub-groups (and the Gloo half of composite ones) keep 30 minutes; torch 2.10's passes
+# ``timeout=pg_options._timeout``. Where the build already gave every group the timeout this finds
+# nothing to do. Delete it once the torch floor in pyproject.toml is 2.10 or newer.
+def _set_missing_timeouts(context: DistributedContext, minutes: float) -> tuple[str, ...]:
+    """Give the timeout to every group and backend the mesh build left without it; return their names.
+
+    Every rank runs the same set-up, so no barrier: nothing is lowered under a peer's wait.
+    """
+    wanted = datetime.timedelta(minutes=minutes)
+    fixed = []
+    for name, group in run_groups(context).items():
+        if any(timeout != wanted for timeout in backend_timeouts(group).values()):
+            set_group_timeout(wanted, group)
+            fixed.append(name)
+    return tuple(fixed)
+
+
 def setup_distributed(
     config: Mapping[str, Any], runtime_config: RuntimeConfig, *, role: cfg.Role = "policy"
 ) -> DistributedContext:
@@ -247,7 +271,7 @@ def setup_distributed(
 
     fsdp2_config = _fsdp2_config(dtensor_cfg, runtime_config)
     device_mesh, moe_mesh = _build_meshes(fsdp2_config, sizes, world_size, decision)
-    return DistributedContext(
+    context = DistributedContext(
         device_mesh=device_mesh,
         moe_mesh=moe_mesh,
         fsdp2_config=fsdp2_config,
@@ -258,3 +282,6 @@ def setup_distributed(
         decision=decision,
         timeout_minutes_after_init=steady,
     )
+    if decision.every_group:
+        context = context._replace(timeouts_set_after_build=_set_missing_timeouts(context, timeout))
+    return context

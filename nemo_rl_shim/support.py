@@ -65,6 +65,13 @@ def _distribution_version() -> str | None:
         return None
 
 
+def _version() -> str | None:
+    import automodel_patch  # the package's own __version__ (its top level imports where its mesh code may not)
+
+    version = automodel_patch.installed_version()
+    return str(version) if version is not None else _distribution_version()
+
+
 def import_automodel() -> AutomodelImport:
     """Import Automodel's mesh modules; report "not installed" only when the package itself is missing."""
     for name in _MESH_MODULES:
@@ -73,13 +80,10 @@ def import_automodel() -> AutomodelImport:
         except ModuleNotFoundError as e:
             if e.name == "nemo_automodel":
                 return AutomodelImport(False, None)
-            return AutomodelImport(True, _distribution_version(), _first_line(e))
+            return AutomodelImport(True, _version(), _first_line(e))
         except Exception as e:  # an installed release that does not import on this torch
-            return AutomodelImport(True, _distribution_version(), _first_line(e))
-    import automodel_patch
-
-    version = automodel_patch.installed_version()
-    return AutomodelImport(True, str(version) if version is not None else _distribution_version())
+            return AutomodelImport(True, _version(), _first_line(e))
+    return AutomodelImport(True, _version())
 
 
 def _first_line(error: BaseException) -> str:

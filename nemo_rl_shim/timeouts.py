@@ -38,6 +38,7 @@ __all__ = [
     "current_timeouts",
     "extended_timeout",
     "run_groups",
+    "set_group_timeout",
     "set_timeouts",
 ]
 
@@ -45,10 +46,10 @@ __all__ = [
 # group). Delete the fallback once the torch floor in pyproject.toml is 2.15 or newer.
 if hasattr(dist, "set_timeout"):
     TIMEOUT_API = "torch.distributed.set_timeout"
-    _set_group_timeout = dist.set_timeout
-else:  # pragma: no cover - torch < 2.15
+    set_group_timeout = dist.set_timeout
+else:  # torch < 2.15: what NeMo RL's torch 2.11 uses (the torch-2.11, -2.10 and -2.9 CI lanes run it)
     TIMEOUT_API = "torch.distributed.distributed_c10d._set_pg_timeout"
-    _set_group_timeout = dist.distributed_c10d._set_pg_timeout
+    set_group_timeout = dist.distributed_c10d._set_pg_timeout
 
 
 def run_groups(context: Any) -> dict[str, ProcessGroup]:
@@ -74,7 +75,7 @@ def current_timeouts(context: Any) -> dict[str, dict[str, datetime.timedelta]]:
 def _set_backend_timeouts(group: ProcessGroup, timeouts: Mapping[str, datetime.timedelta]) -> None:
     values = set(timeouts.values())
     if len(values) == 1:
-        _set_group_timeout(values.pop(), group)
+        set_group_timeout(values.pop(), group)
         return
     for device, timeout in timeouts.items():  # halves that differed before: restore each
         backend = group._get_backend(torch.device(device))
@@ -98,7 +99,7 @@ def set_timeouts(
         dist.barrier()
     for name, group in run_groups(context).items():
         if isinstance(timeout, datetime.timedelta):
-            _set_group_timeout(timeout, group)
+            set_group_timeout(timeout, group)
         else:
             _set_backend_timeouts(group, timeout[name])
 

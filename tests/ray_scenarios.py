@@ -6,13 +6,13 @@ all live on 127.0.0.1 and nothing can reach another host (outside it, Ray would 
 machine's non-loopback address). Every Ray process carries ``TEMP_DIR`` (the head's
 ``--temp-dir``) on its command line; the test ends them all by it afterwards.
 
-On one head, in order:
+On one head (four CPUs), two runs side by side, then the leak check:
 
 1. ``preflight --ray 127.0.0.1:PORT --json``: two CPU actors, every group at the timeout;
 2. the same with rank 1 stalled for an hour (``--stall-rank 1 --stall-s 3600``) and
    ``--timeout-s`` of :data:`STALL_TIMEOUT_S`: one line naming the stalled actor, exit 1;
-3. the leak check, through Ray's state API: actors still alive and placement groups not
-   removed, among those the two runs created.
+3. after both: the leak check, through Ray's state API: actors still alive and placement
+   groups not removed, among those the two runs created.
 
 Writes what it saw to ``OUT_JSON``; asserts nothing (the test does).
 """
@@ -25,6 +25,7 @@ import secrets
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -51,15 +52,19 @@ def _run(args: list[str], timeout: float) -> dict[str, Any]:
     }
 
 
-def _preflight(address: str, *extra: str) -> dict[str, Any]:
-    command = [sys.executable, "-m", "nemo_rl_shim", "preflight", "--ray", address, "--json", *extra]
-    outcome = _run(command, _RUN_TIMEOUT_S)
-    try:
-        outcome["report"] = json.loads(outcome.get("stdout") or "null")
-    except json.JSONDecodeError as e:
-        outcome["report"] = None
-        outcome["json_error"] = str(e)
-    return outcome
+def _preflights(address: str, runs: dict[str, list[str]]) -> dict[str, dict[str, Any]]:
+    """The named preflight runs, side by side on the same head (each bounded), and what each printed."""
+    with ThreadPoolExecutor(max_workers=len(runs)) as pool:
+        command = [sys.executable, "-m", "nemo_rl_shim", "preflight", "--ray", address, "--json"]
+        futures = {name: pool.submit(_run, [*command, *extra], _RUN_TIMEOUT_S) for name, extra in runs.items()}
+        outcomes = {name: future.result() for name, future in futures.items()}
+    for outcome in outcomes.values():
+        try:
+            outcome["report"] = json.loads(outcome.get("stdout") or "null")
+        except json.JSONDecodeError as e:
+            outcome["report"] = None
+            outcome["json_error"] = str(e)
+    return outcomes
 
 
 def _leaks(address: str) -> dict[str, Any]:
@@ -90,10 +95,8 @@ def main(temp_dir: str, out_path: str) -> int:
     try:
         facts["head"] = _run(head, _HEAD_TIMEOUT_S)
         if facts["head"]["returncode"] == 0:
-            facts["passing"] = _preflight(address)
-            facts["stalled"] = _preflight(
-                address, "--stall-rank", "1", "--stall-s", "3600", "--timeout-s", str(STALL_TIMEOUT_S)
-            )
+            stall = ["--stall-rank", "1", "--stall-s", "3600", "--timeout-s", str(STALL_TIMEOUT_S)]
+            facts.update(_preflights(address, {"passing": [], "stalled": stall}))
             facts["leaks"] = _leaks(address)
     except Exception as e:  # written to the result, so the test names it
         facts["error"] = f"{type(e).__name__}: {e}"

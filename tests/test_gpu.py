@@ -9,13 +9,12 @@ so an applied fork fix never leaks into the pytest process.
 from __future__ import annotations
 
 import functools
-import subprocess
-import sys
 from typing import Any
 
 import pytest
 import torch
 
+import automodel_patch
 from nemo_rl_shim.cli.launch import spawn_ranks
 
 pytestmark = pytest.mark.gpu
@@ -23,7 +22,6 @@ pytestmark = pytest.mark.gpu
 CUDA_DEVICES = torch.cuda.device_count() if torch.cuda.is_available() else 0
 TIMEOUT_MINUTES = 45.0
 SPAWN_TIMEOUT_S = 300
-PROBE_TIMEOUT_S = 180
 CPU_LOST = "No backend type associated with device type cpu"
 
 NEEDS_TWO_GPUS = pytest.mark.skipif(CUDA_DEVICES < 2, reason=f"Need 2 CUDA devices, got {CUDA_DEVICES}")
@@ -32,17 +30,10 @@ NEEDS_ONE_GPU = pytest.mark.skipif(CUDA_DEVICES < 1, reason=f"Need 1 CUDA device
 
 @functools.cache
 def native_keeps_cpu_backend() -> bool:
-    """Whether the installed Automodel keeps the CPU half by itself: asked in a fresh interpreter.
-
-    A fresh process because the pytest process must neither apply the fix nor see one
-    applied; evaluated only when a test needs it (the skipif below is a string condition,
-    read at set-up, and the GPU-count skip on the function comes first).
-    """
-    code = 'import automodel_patch; print(automodel_patch.detect("keep-cpu-backend").verdict.value)'
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, check=True
-    )
-    return done.stdout.strip().splitlines()[-1] == "not_needed"
+    """Whether the installed Automodel keeps the CPU half by itself (its genuine code; layers applied in this
+    process, if any, are looked past). Evaluated only when a test needs it: the skipif below is a string
+    condition, read at set-up."""
+    return automodel_patch.detect("keep-cpu-backend").verdict is automodel_patch.Verdict.NOT_NEEDED
 
 
 NEEDS_NATIVE_FIX = pytest.mark.skipif(

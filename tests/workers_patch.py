@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tests.worlds import device_mesh_facts
+
 __all__ = [
     "GIT_APPLY_TIMEOUT_S",
     "fault_on_sub_group",
@@ -119,6 +121,7 @@ def mesh_timeouts(params: dict[str, Any]) -> dict[str, Any]:
 
     dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=params["default_minutes"]))
     report: dict[str, Any] = {
+        "device_mesh": device_mesh_facts(),
         "backend": str(dist.get_backend()),
         "world_size": dist.get_world_size(),
         "installed_version": str(automodel_patch.installed_version()),
@@ -153,14 +156,22 @@ def fault_on_sub_group(params: dict[str, Any]) -> dict[str, Any]:
 
     import automodel_patch
     from nemo_rl_shim import groups
+    from nemo_rl_shim.timeouts import set_group_timeout
 
     dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=params["default_minutes"]))
     status = automodel_patch.apply(CPU_MESH)[CPU_MESH].value
     device_mesh, _ = _build(1, params["timeout_minutes"])
     group = device_mesh.get_group("dp_shard")
     rank = dist.get_rank()
+    wanted = datetime.timedelta(minutes=params["timeout_minutes"])
+    # torch 2.9's DeviceMesh gives a Gloo sub-group no timeout (setup_distributed sets it after the build;
+    # this worker builds directly): the fault needs a sub-group carrying the short one, so it is set here.
+    set_by_worker = groups.backend_timeouts(group)["cpu"] != wanted
+    if set_by_worker:
+        set_group_timeout(wanted, group)
     report: dict[str, Any] = {
         "rank": rank,
+        "timeout_set_by_worker": set_by_worker,
         "apply": status,
         "group_size": dist.get_world_size(group),
         "is_default_group": group is dist.group.WORLD,

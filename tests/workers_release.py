@@ -54,6 +54,11 @@ def release_facts(params: dict[str, Any]) -> dict[str, Any]:
     """Detection, decisions, and apply/revert (all workarounds, then one at a time) on the release in this process."""
     import automodel_patch
     from automodel_patch import _target
+    from nemo_rl_shim.support import import_automodel
+
+    imported = import_automodel()
+    if imported.error is not None:  # a release this torch cannot import (0.6.0 and 0.7.0 on torch 2.9)
+        return {"import_error": imported.error, "mesh_utils_file": None, "installed_version": imported.version}
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

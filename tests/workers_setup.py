@@ -12,7 +12,7 @@ import importlib
 import warnings
 from typing import Any
 
-__all__ = ["UNSET", "layouts", "legacy_pin", "single_rank_cpu_offload"]
+__all__ = ["UNSET", "layouts", "legacy_pin", "single_rank_cpu_offload", "unsupported_pair"]
 
 #: ``timeout`` value meaning "leave distributed_timeout_minutes out of automodel_cfg".
 UNSET = "unset"
@@ -92,10 +92,11 @@ def layouts(params: dict[str, Any]) -> dict[str, Any]:
 
     import automodel_patch
     from nemo_rl_shim import RuntimeConfig, setup_distributed
-    from tests.worlds import move_to_fresh_port
+    from tests.worlds import device_mesh_facts, forget_meshes, move_to_fresh_port
 
     mesh_builders = _count_mesh_builders()
     out = []
+    mesh_facts = None
     for scenario in params["scenarios"]:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -104,10 +105,13 @@ def layouts(params: dict[str, Any]) -> dict[str, Any]:
                 RuntimeConfig(cpu_offload=scenario["cpu_offload"]),
                 role=scenario.get("role", "policy"),
             )
+        if mesh_facts is None:
+            mesh_facts = device_mesh_facts()
         out.append(
             {
                 "name": scenario["name"],
-                "decision": ctx.decision.to_dict(),
+                "decision": ctx.decision.to_dict() if ctx.decision is not None else None,
+                "timeouts_set_after_build": list(getattr(ctx, "timeouts_set_after_build", ())),
                 "sizes": {"dp": ctx.dp_size, "tp": ctx.tp_size, "cp": ctx.cp_size},
                 "mesh_dim_names": [str(getattr(n, "value", n)) for n in ctx.device_mesh.mesh_dim_names],
                 "groups": _group_facts(ctx),
@@ -122,9 +126,11 @@ def layouts(params: dict[str, Any]) -> dict[str, Any]:
         del ctx
         move_to_fresh_port()  # a collective: no rank tears the store down while a peer still uses it
         dist.destroy_process_group()
+        forget_meshes()
     return {
         "version": str(automodel_patch.installed_version()),
         "build_accepts_timeout": automodel_patch.build_accepts_timeout(),
+        "device_mesh": mesh_facts,
         "scenarios": out,
     }
 
@@ -160,3 +166,18 @@ def single_rank_cpu_offload(params: dict[str, Any]) -> dict[str, Any]:
     on_callers_group = {"raised": attempt(), "callers_group_kept": dist.group.WORLD is caller_group}
     dist.destroy_process_group()
     return {"before_any_group": before_any_group, "on_callers_group": on_callers_group}
+
+
+def unsupported_pair(params: dict[str, Any]) -> dict[str, Any]:
+    """``setup_distributed`` where nemo-automodel cannot run on this torch: what it raises, and any group left."""
+    import torch.distributed as dist
+
+    from nemo_rl_shim import RuntimeConfig, UnsupportedVersions, setup_distributed
+
+    try:
+        setup_distributed(_section(45, {}), RuntimeConfig())
+    except UnsupportedVersions as e:
+        raised = {"type": type(e).__name__, "message": str(e)}
+    else:
+        raised = None
+    return {"raised": raised, "initialized_after": dist.is_initialized()}

@@ -19,8 +19,8 @@ from torch.distributed import ProcessGroup
 
 from nemo_rl_shim.distributed_setup import DistributedContext, RuntimeConfig, setup_distributed
 from nemo_rl_shim.groups import backend_timeouts
-from nemo_rl_shim.timeouts import _set_group_timeout, after_first_step, extended_timeout, run_groups
-from tests.worlds import move_to_fresh_port
+from nemo_rl_shim.timeouts import after_first_step, extended_timeout, run_groups, set_group_timeout
+from tests.worlds import forget_meshes, move_to_fresh_port
 
 __all__ = ["DISTINCT_BASE_S", "mesh_groups", "phase_readings", "section", "stall_outcomes", "stalled_all_reduce"]
 
@@ -100,7 +100,7 @@ def phase_readings(params: dict[str, Any]) -> dict[str, Any]:
     }
     # Give every group its own timeout (seconds 10, 11, ...): a restore must bring back each group's value.
     for index, group in enumerate(run.values()):
-        _set_group_timeout(datetime.timedelta(seconds=DISTINCT_BASE_S + index), group)
+        set_group_timeout(datetime.timedelta(seconds=DISTINCT_BASE_S + index), group)
     out["distinct"] = _readings(groups)
     with extended_timeout(context, params["raised"]):  # a slow phase before the first step
         out["extended_at_startup"] = _readings(groups)
@@ -124,6 +124,7 @@ def phase_readings(params: dict[str, Any]) -> dict[str, Any]:
 
     move_to_fresh_port()  # a fresh rendezvous for each new set-up
     dist.destroy_process_group()
+    forget_meshes()
     unset = setup_distributed(section(params["startup"], None), RuntimeConfig())
     out["unset"] = {
         "context_steady_minutes": unset.timeout_minutes_after_init,
@@ -134,6 +135,7 @@ def phase_readings(params: dict[str, Any]) -> dict[str, Any]:
 
     move_to_fresh_port()
     dist.destroy_process_group()
+    forget_meshes()
     other = setup_distributed(section(params["startup"], params["other_steady"]), RuntimeConfig())
     out["other"] = {
         "context_steady_minutes": other.timeout_minutes_after_init,

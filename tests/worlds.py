@@ -8,7 +8,7 @@ import torch.distributed as dist
 
 from nemo_rl_shim.cli.launch import free_port
 
-__all__ = ["move_to_fresh_port"]
+__all__ = ["forget_meshes", "move_to_fresh_port"]
 
 
 def move_to_fresh_port() -> int:
@@ -23,3 +23,51 @@ def move_to_fresh_port() -> int:
     dist.broadcast_object_list(port, src=0)
     os.environ["MASTER_PORT"] = str(port[0])
     return int(port[0])
+
+
+def forget_meshes() -> None:
+    """Drop torch 2.9's process-wide record of meshes before a new default group; call after destroying one.
+
+    torch 2.9 keeps flattened and child meshes in ``device_mesh._mesh_resources``, keyed by
+    meshes that compare equal across default groups: a second set-up in the same process
+    is handed the first one's flattened mesh, whose group was destroyed ("Could not resolve
+    the process group"). torch 2.10 keeps them on the root mesh instead, and has nothing here
+    to drop. A training worker sets up once per process and never meets this.
+    """
+    from torch.distributed import device_mesh
+
+    resources = getattr(device_mesh, "_mesh_resources", None)
+    for name in ("child_to_root_mapping", "root_to_flatten_mapping", "flatten_name_to_root_dims"):
+        mapping = getattr(resources, name, None)
+        if isinstance(mapping, dict):
+            mapping.clear()
+
+
+def device_mesh_facts() -> dict[str, bool]:
+    """What torch's DeviceMesh does with a backend override, measured on the live default group (call on every rank).
+
+    A (world, 1) mesh whose size-1 axis carries a Gloo override of 7 s: ``passes_timeout``
+    is whether that sub-group reads back 7 s (torch 2.10 and later hand ``timeout`` to
+    ``new_group``; torch 2.9 does not), ``reuses_default_group`` whether the world-sized axis
+    without an override is the default group itself (torch 2.10 and later; 2.9 builds a new one).
+    """
+    import datetime
+
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from nemo_rl_shim.groups import backend_timeouts
+
+    seven = datetime.timedelta(seconds=7)
+    options = torch._C._distributed_c10d.Backend.Options("gloo", seven)
+    options._timeout = seven
+    mesh = init_device_mesh(
+        "cpu",
+        (dist.get_world_size(), 1),
+        mesh_dim_names=("probe_world", "probe_one"),
+        backend_override={"probe_one": ("gloo", options)},
+    )
+    return {
+        "passes_timeout": backend_timeouts(mesh.get_group("probe_one"))["cpu"] == seven,
+        "reuses_default_group": mesh.get_group("probe_world") is dist.group.WORLD,
+    }

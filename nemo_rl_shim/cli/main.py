@@ -129,7 +129,16 @@ def _preflight(args: argparse.Namespace, out: TextIO) -> int:
         print(text, file=out)
         if report.problem:
             print(f"preflight: FAILED: {report.problem}", file=sys.stderr)
-    return EXIT_OK if report.ok else EXIT_FAILED
+    code = EXIT_OK if report.ok else EXIT_FAILED
+    if launcher is not None:
+        # This process was a rank of the launcher's world and its groups are gone: end it here, so that
+        # torch's background threads cannot abort it during interpreter finalization (seen on torch
+        # 2.11 as "terminate called without an active exception", SIGABRT) and change the exit code.
+        out.flush()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 def main(argv: Sequence[str] | None = None) -> int:

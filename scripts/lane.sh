@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# One CI lane: a supported torch x nemo-automodel pair in its own locked environment, and its tests.
+#
+#   scripts/lane.sh default      the whole suite on the locked default pair (the README's test command)
+#   scripts/lane.sh torch-2.11   NeMo RL's torch, with the automodel extra (nemo-automodel 0.7.0)
+#   scripts/lane.sh torch-2.10   Automodel's own lock and the oldest torch 0.7.0 (and 0.6.0) import with
+#   scripts/lane.sh torch-2.9    the oldest torch nemo-automodel 0.5.0 works with
+#
+# Each extra lane is a dependency group of pyproject.toml pinning torch (and, for torch-2.9, nemo-automodel),
+# declared as conflicting so that uv.lock holds every lane and `--locked` checks it; its environment lives
+# in .lanes/<lane> (UV_PROJECT_ENVIRONMENT), beside the default .venv. Extra lanes run the multi-process
+# CPU tests (mesh, set-up, timeouts, fault, decision, preflight) and the command line's; the default lane
+# runs everything. Extra arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+read -r -a UV <<< "${NEMO_RL_SHIM_UV:-uv}"  # .ci/run sets it when uv runs as "python3 -m uv"
+lane="${1:?usage: scripts/lane.sh default|torch-2.11|torch-2.10|torch-2.9 [pytest args]}"
+shift
+
+LANE_TESTS=(
+    tests/test_mesh_cpu.py tests/test_setup_distributed.py tests/test_timeouts.py tests/test_fault.py
+    tests/test_decision.py tests/test_preflight.py tests/test_cli.py tests/test_support.py
+    tests/test_context.py tests/test_tripwire.py
+)
+case "$lane" in
+    default)
+        "${UV[@]}" sync --locked --extra automodel --extra ray
+        exec "${UV[@]}" run --locked --extra automodel --extra ray pytest "$@" ;;
+    torch-2.11) selection=(--group lane-torch-2-11 --extra automodel) ;;
+    torch-2.10) selection=(--group lane-torch-2-10 --extra automodel) ;;
+    torch-2.9) selection=(--group lane-torch-2-9) ;;
+    *) echo "scripts/lane.sh: unknown lane '$lane' (default, torch-2.11, torch-2.10, torch-2.9)" >&2; exit 2 ;;
+esac
+export UV_PROJECT_ENVIRONMENT=".lanes/$lane"
+"${UV[@]}" sync --locked "${selection[@]}"
+exec "${UV[@]}" run --locked "${selection[@]}" pytest "${LANE_TESTS[@]}" "$@"
