@@ -221,11 +221,11 @@ def apply(*slugs: str) -> ApplyReport:
             statuses[workaround.slug], detections[workaround.slug] = _apply_one(workaround)
         unsupported = [slug for slug, status in statuses.items() if status is ApplyStatus.UNSUPPORTED]
         if unsupported:
-            reason = detections[unsupported[0]].reason
+            reason, version = detections[unsupported[0]].reason, _target.installed_version()
             _warn_once(
-                f"unsupported:{reason}",
+                f"unsupported:{version}:{reason}",
                 f"automodel_patch: cannot apply {', '.join(unsupported)}: nemo-automodel "
-                f"{_target.installed_version()} has {reason}; nothing was changed.",
+                f"{version} has {reason}; nothing was changed.",
             )
         if any(status is ApplyStatus.APPLIED for status in statuses.values()):
             _install(module, list(_active))

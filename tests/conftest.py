@@ -16,6 +16,26 @@ import pytest
 from tests.releases import ReleaseUnavailable, release_env
 
 IN_CI = os.environ.get("NEMO_RL_SHIM_CI") == "1"
+#: Files that take longest (most of it waiting on stalls, a Ray head, a relock), run first so that
+#: pytest-xdist's loadfile scheduling does not leave them for the end.
+LONGEST_FIRST = (
+    "test_ray_preflight.py",
+    "test_pin_bump.py",
+    "test_preflight.py",
+    "test_fault.py",
+    "test_timeouts.py",
+    "test_releases.py",
+    "test_mesh_cpu.py",
+    "test_setup_distributed.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        name = item.path.name
+        return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: within a file, and among the rest, the collected order stays
 
 
 def unavailable(reason: str) -> NoReturn:
@@ -40,15 +60,16 @@ def release_environment():
 
 @pytest.fixture(scope="session")
 def release_facts(tmp_path_factory):
-    """``release_facts(name)`` -> :func:`tests.release_facts.facts_for`, shared by every xdist worker of the session."""
-    from tests.release_facts import facts_for
+    """``release_facts(name)`` -> :func:`tests.release_facts.facts_for`, shared by every xdist worker of the session;
+    ``release_facts(name, fresh_process=True)`` -> the same facts from a process of that release's own."""
+    from tests.release_facts import facts_for, fresh_process_facts
 
     base = tmp_path_factory.getbasetemp()
     shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "release-facts"
 
-    def get(name: str) -> dict:
+    def get(name: str, *, fresh_process: bool = False) -> dict:
         try:
-            facts = facts_for(name, shared)
+            facts = fresh_process_facts(name, shared) if fresh_process else facts_for(name, shared)
         except ReleaseUnavailable as e:
             unavailable(f"nemo-automodel {name} unavailable: {e}")
         if facts.get("import_error"):

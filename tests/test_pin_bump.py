@@ -1,5 +1,7 @@
 """The pin bump, rehearsed: a copy of this project relocked onto a fixed nemo-automodel, used as a new user would.
 
+# AUTOMODEL-WORKAROUND(keep-cpu-backend): this rehearses the day that workaround goes.
+
 The release that carries NVIDIA-NeMo/Automodel#4602 is not out, so the fixture wheel
 ``0.7.0+fixed.getbackendconfig`` stands in for it (:mod:`tests.fixture_wheels`: the real
 0.7.0 wheel whose override learns the default group from ``get_backend_config()``, the

@@ -150,3 +150,11 @@ def test_unknown_says_why(release_facts) -> None:
     keep = release_facts(UNKNOWN_FIXTURE)["genuine"][KEEP]
     assert keep["verdict"] == "unknown"
     assert "raised RuntimeError" in keep["reason"], keep["reason"]
+
+
+def test_facts_of_a_release_imported_late_equal_those_of_a_fresh_process(release_facts) -> None:
+    """The suite computes every release's facts in one process, importing them in turn: nothing of an
+    earlier release may leak into a later one's verdicts, decisions or apply/revert."""
+    name = fixture_version("getbackendconfig")  # imported after the five releases and two other fixtures
+    shared, fresh = release_facts(name), release_facts(name, fresh_process=True)
+    assert shared == fresh

@@ -160,6 +160,9 @@ def fault_on_sub_group(params: dict[str, Any]) -> dict[str, Any]:
 
     dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=params["default_minutes"]))
     status = automodel_patch.apply(CPU_MESH)[CPU_MESH].value
+    # Gloo connects a new group's ranks under that group's timeout (here 3 s): both ranks must reach the build
+    # together, even when the machine is busy, or the connection itself times out.
+    dist.barrier()
     device_mesh, _ = _build(1, params["timeout_minutes"])
     group = device_mesh.get_group("dp_shard")
     rank = dist.get_rank()

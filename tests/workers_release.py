@@ -1,17 +1,20 @@
 """What ``automodel_patch`` and ``decide`` make of one Automodel release, in one process.
 
-Run by :func:`tests.release_facts.release_facts` in a process whose ``PYTHONPATH`` puts
-the release's (or a fixture's, or a source-patched copy's) sources first. No process
+Run by :mod:`tests.release_facts`: :func:`release_facts_in_turn` for every release in one
+process, :func:`release_facts` for one release in a process whose ``PYTHONPATH`` puts its
+(or a fixture's, or a source-patched copy's) sources first. No process
 group is needed: the probes build their own one-rank world (``automodel_patch._world``).
 Nothing here asserts; the tests read the returned facts.
 """
 
 from __future__ import annotations
 
+import importlib
+import sys
 import warnings
 from typing import Any
 
-__all__ = ["TIMEOUTS", "release_facts"]
+__all__ = ["TIMEOUTS", "release_facts", "release_facts_in_turn"]
 
 #: Timeouts the decision matrix is computed for (None: unset).
 TIMEOUTS = (None, 45)
@@ -100,3 +103,30 @@ def release_facts(params: dict[str, Any]) -> dict[str, Any]:
         if str(w.message).startswith("automodel_patch")
     ]
     return facts
+
+
+def _forget_automodel() -> None:
+    for name in [m for m in sys.modules if m == "nemo_automodel" or m.startswith("nemo_automodel.")]:
+        del sys.modules[name]
+    importlib.invalidate_caches()
+
+
+def release_facts_in_turn(params: dict[str, Any]) -> dict[str, Any]:
+    """:func:`release_facts` of each release in ``params["roots"]`` (name -> source folder), one after another.
+
+    Before each, every ``nemo_automodel`` module is dropped and that release's folder goes
+    first on ``sys.path``; the layers of the previous one were reverted by its own run.
+    """
+    import automodel_patch
+
+    out = {}
+    for name, root in params["roots"].items():
+        _forget_automodel()
+        sys.path.insert(0, root)
+        try:
+            out[name] = release_facts({})
+        finally:
+            automodel_patch.revert()
+            sys.path.remove(root)
+    _forget_automodel()
+    return out

@@ -299,6 +299,10 @@ def run_on_ray(options: PreflightOptions, address: str, progress: Progress) -> P
     """Check ``options`` on Ray actors of the cluster at ``address``; see the module docstring."""
     import ray
 
+    # As NeMo RL's ray.sub does: under `uv run`, Ray (2.47 and later) would otherwise make every worker run
+    # `uv run` in a copy of the current directory, a fresh environment per worker. The actors must run
+    # the cluster's own Python, as NeMo RL's workers do. A value the user set is kept.
+    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
     start = time.monotonic()
     watchdog = _watchdog(options.timeout_s + WATCHDOG_GRACE_S)
     run = _Run(options, progress)

@@ -1,0 +1,116 @@
+"""Imports run one way: ``automodel_patch`` below the library below the command line, with no cycle.
+
+Read from the sources (every ``import`` statement, at module level, in functions and under
+``TYPE_CHECKING`` alike), so a lazy import cannot hide an arrow running back up:
+
+* ``automodel_patch`` imports nothing of ``nemo_rl_shim``;
+* the library (``nemo_rl_shim`` outside ``cli/`` and ``__main__``) never imports ``nemo_rl_shim.cli``;
+* ``nemo_rl_shim.config`` knows nothing of ``torch.distributed``;
+* no module imports, directly or through others, a module that imports it back.
+
+And in a fresh interpreter, ``import nemo_rl_shim`` imports neither nemo-automodel nor the command line.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+__all__: list[str] = []
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("automodel_patch", "nemo_rl_shim")
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO_ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(path): path for package in PACKAGES for path in sorted((REPO_ROOT / package).rglob("*.py"))}
+
+
+def _resolve(name: str) -> str | None:
+    """The project module an import of ``name`` loads (a package's submodule, or the package), else None."""
+    while name:
+        if name in MODULES:
+            return name
+        name = name.rpartition(".")[0]
+    return None
+
+
+def _imports(module: str) -> set[str]:
+    tree = ast.parse(MODULES[module].read_text(encoding="utf-8"))
+    package = module if MODULES[module].name == "__init__.py" else module.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join([*package.split(".")[: len(package.split(".")) - node.level + 1], base]).strip(".")
+            # "from package import submodule" depends on the submodule; "from module import name" on the module.
+            found |= {f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names}
+    return {target for name in found if (target := _resolve(name)) and target != module}
+
+
+GRAPH = {module: _imports(module) for module in MODULES}
+
+
+def _is_cli(module: str) -> bool:
+    return module == "nemo_rl_shim.__main__" or module.startswith("nemo_rl_shim.cli")
+
+
+def test_the_graph_is_read_from_every_module() -> None:
+    assert {"automodel_patch._apply", "nemo_rl_shim.distributed_setup", "nemo_rl_shim.cli.ray_preflight"} <= set(GRAPH)
+    assert "nemo_rl_shim.groups" in GRAPH["nemo_rl_shim.timeouts"]  # a real edge is seen
+
+
+def test_automodel_patch_knows_nothing_of_the_shim() -> None:
+    upward = {
+        m: sorted(t for t in GRAPH[m] if t.startswith("nemo_rl_shim")) for m in GRAPH if m.startswith("automodel_patch")
+    }
+    assert {m: t for m, t in upward.items() if t} == {}
+
+
+def test_the_library_never_imports_the_command_line() -> None:
+    library = [m for m in GRAPH if m.startswith("nemo_rl_shim") and not _is_cli(m)]
+    assert len(library) >= 8, library
+    upward = {m: sorted(t for t in GRAPH[m] if _is_cli(t)) for m in library}
+    assert {m: t for m, t in upward.items() if t} == {}
+
+
+def test_config_knows_nothing_of_torch_distributed() -> None:
+    tree = ast.parse(MODULES["nemo_rl_shim.config"].read_text(encoding="utf-8"))
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert not {name for name in imported if name.split(".")[0] in ("torch", "automodel_patch")}, imported
+
+
+@pytest.mark.parametrize("start", sorted(GRAPH))
+def test_no_import_cycle(start: str) -> None:
+    seen, stack = set(), [(start, (start,))]
+    while stack:
+        module, path = stack.pop()
+        for target in GRAPH[module]:
+            if target == start:
+                pytest.fail(f"import cycle: {' -> '.join((*path, target))}")
+            if target not in seen:
+                seen.add(target)
+                stack.append((target, (*path, target)))
+
+
+def test_importing_the_library_loads_neither_automodel_nor_the_command_line() -> None:
+    code = (
+        "import sys, nemo_rl_shim; "
+        "print(sorted(m for m in sys.modules if m.startswith(('nemo_automodel', 'nemo_rl_shim.cli'))))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, check=True
+    )
+    assert done.stdout.strip() == "[]", done.stdout
