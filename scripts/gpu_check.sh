@@ -3,7 +3,7 @@
 #
 # What it runs, from the repository root, each step bounded in time:
 #   1. nemo-rl-shim status                    (versions, what setup_distributed would decide)
-#   2. pytest -m gpu tests/test_gpu.py        (real NCCL + Gloo, FSDP2 CPU offload, fork fix)
+#   2. pytest -m gpu tests/test_gpu.py        (real NCCL + Gloo, FSDP2 CPU offload, keep-cpu-backend)
 #   3. nemo-rl-shim preflight                 (one rank per GPU when there are 2 or more)
 #
 # Wheels: fetched beforehand on a machine with package-index access, for the GPU machine's
@@ -72,6 +72,7 @@ step() {
     timeout --kill-after=30 "$limit" "$@"
 }
 step "$python" -m nemo_rl_shim status
-step "$python" -m pytest -m gpu tests/test_gpu.py -v -rs -p no:cacheprovider
+# -o addopts: the project's own pytest options run four xdist workers, and pytest-xdist is not among the wheels.
+step "$python" -m pytest -o addopts="--strict-markers -ra" -m gpu tests/test_gpu.py -v -rs -p no:cacheprovider
 # preflight's own bound is shorter, so that a stuck rank is reported rather than killed.
 step "$python" -m nemo_rl_shim preflight --timeout-s "$((limit > 120 ? limit - 60 : limit))"

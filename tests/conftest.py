@@ -9,6 +9,8 @@ run has really run every test.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from types import ModuleType
 from typing import NoReturn
 
 import pytest
@@ -79,3 +81,20 @@ def release_facts(tmp_path_factory):
         return facts
 
     return get
+
+
+@pytest.fixture
+def mesh_utils() -> Iterator[ModuleType]:
+    """The installed Automodel's ``mesh_utils``, with no workaround in force before or after the test."""
+    import automodel_patch
+    from automodel_patch._target import load_mesh_utils
+
+    automodel_patch.revert()
+    module = load_mesh_utils()
+    if module is None:
+        pytest.fail(
+            "nemo_automodel.components.distributed.mesh_utils cannot be imported; the automodel extra is locked"
+        )
+    yield module
+    automodel_patch.revert()
+    assert automodel_patch.active() == (), "revert() left a workaround in place"

@@ -10,7 +10,6 @@ are in ``test_mesh_cpu.py``, ``test_setup_distributed.py`` and ``test_fault.py``
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
@@ -18,7 +17,7 @@ import pytest
 import torch.distributed as dist
 
 import automodel_patch
-from automodel_patch._target import OVERRIDE_NAME, load_mesh_utils
+from automodel_patch._target import OVERRIDE_NAME
 from automodel_patch._world import simulated_default_group
 from automodel_patch.cpu_mesh_timeout import UNFLATTEN_NAME
 
@@ -26,12 +25,7 @@ __all__: list[str] = []
 
 AXES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 
-
-@pytest.fixture(autouse=True)
-def mesh_utils() -> Iterator[ModuleType]:
-    automodel_patch.revert()
-    yield load_mesh_utils()
-    automodel_patch.revert()
+pytestmark = pytest.mark.usefixtures("mesh_utils")  # no workaround in force before or after each test
 
 
 def test_genuine_0_7_0_gives_a_cpu_mesh_no_override(mesh_utils: ModuleType) -> None:

@@ -12,7 +12,6 @@ from these options are in ``test_gpu.py`` (GPUs) and ``test_mesh_cpu.py`` (Gloo)
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterator
 from types import ModuleType
 
 import pytest
@@ -20,7 +19,7 @@ import torch.distributed as dist
 from torch.distributed.distributed_c10d import BackendConfig
 
 import automodel_patch
-from automodel_patch._target import OVERRIDE_NAME, load_mesh_utils
+from automodel_patch._target import OVERRIDE_NAME
 from automodel_patch._world import simulated_default_group
 
 __all__: list[str] = []
@@ -28,12 +27,7 @@ __all__: list[str] = []
 COMPOSITE = "cuda:nccl,cpu:gloo"
 AXES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 
-
-@pytest.fixture(autouse=True)
-def mesh_utils() -> Iterator[ModuleType]:
-    automodel_patch.revert()
-    yield load_mesh_utils()
-    automodel_patch.revert()
+pytestmark = pytest.mark.usefixtures("mesh_utils")  # no workaround in force before or after each test
 
 
 def _device_map(backend: str) -> dict[str, str]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import datetime
 import threading
-from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
@@ -21,7 +20,7 @@ import torch.distributed as dist
 
 import automodel_patch
 from automodel_patch import MARKER, Verdict
-from automodel_patch._target import OVERRIDE_NAME, load_mesh_utils
+from automodel_patch._target import OVERRIDE_NAME
 from automodel_patch._world import simulated_default_group
 
 __all__: list[str] = []
@@ -36,19 +35,7 @@ LAYERS_070 = {
 THREADS = 16
 THREAD_JOIN_S = 120.0
 
-
-@pytest.fixture(autouse=True)
-def mesh_utils() -> Iterator[ModuleType]:
-    """The installed ``mesh_utils``, unpatched at the start and reverted at the end of every test."""
-    automodel_patch.revert()
-    module = load_mesh_utils()
-    if module is None:
-        pytest.fail(
-            "nemo_automodel.components.distributed.mesh_utils cannot be imported; the automodel extra is locked"
-        )
-    yield module
-    automodel_patch.revert()
-    assert automodel_patch.active() == (), "revert() left a workaround in place"
+pytestmark = pytest.mark.usefixtures("mesh_utils")  # no workaround in force before or after each test
 
 
 def _originals(module: ModuleType) -> dict[str, Any]:
