@@ -6,8 +6,9 @@ Upstream ``_nccl_backend_override`` (nemo-automodel 0.5.0 to 0.7.0) returns
 half from every sub-group. :func:`keep_all_backends_override` keeps the default
 group's whole backend string and puts the requested timeout on each half.
 
-torch's ``DeviceMesh`` turns an override ``(backend, options)`` into
-``new_group(backend=backend, pg_options=options, timeout=options._timeout)``.
+torch's ``DeviceMesh`` (2.10 and later) turns an override ``(backend, options)`` into
+``new_group(backend=backend, pg_options=options, timeout=options._timeout)``; torch 2.9
+passes no ``timeout``, which ``setup_distributed`` makes up for after the build.
 ``new_group`` then builds one backend per device of the backend string and
 hands each the same ``timeout``; NCCL additionally insists that ``pg_options``
 is a ``ProcessGroupNCCL.Options`` and Gloo ignores it. So a composite string

@@ -1,4 +1,4 @@
-"""Locate the installed Automodel modules that the fork fix touches.
+"""Locate the installed Automodel modules that the workarounds touch.
 
 Nothing here imports nemo-automodel at module import time: the modules are
 loaded on first use, so ``import automodel_patch`` stays cheap and works when

@@ -43,8 +43,9 @@ class AutomodelConfig(TypedDict):
     #: Steady-state timeout once the first training step has finished. None keeps
     #: ``distributed_timeout_minutes`` for the whole run. May not exceed it.
     distributed_timeout_minutes_after_init: NotRequired[float | None]
-    #: Apply the Automodel fork fix when the installed release drops the CPU half
-    #: under CPU offload. Default True. With False the timeout is not forwarded there.
+    #: Apply the workaround the run's default group needs (keep-cpu-backend under CPU offload,
+    #: cpu-mesh-timeout on a CPU-only machine) where the installed release still needs it.
+    #: Default True. With False under CPU offload the timeout is not forwarded there.
     patch_automodel: NotRequired[bool]
 
 

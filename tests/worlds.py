@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import torch.distributed as dist
 
 from nemo_rl_shim.cli.launch import free_port
 
-__all__ = ["forget_meshes", "move_to_fresh_port"]
+__all__ = ["device_mesh_facts", "forget_meshes", "move_to_fresh_port", "rendezvous"]
 
 
 def move_to_fresh_port() -> int:
@@ -71,3 +72,13 @@ def device_mesh_facts() -> dict[str, bool]:
         "passes_timeout": backend_timeouts(mesh.get_group("probe_one"))["cpu"] == seven,
         "reuses_default_group": mesh.get_group("probe_world") is dist.group.WORLD,
     }
+
+
+def rendezvous(params: dict[str, Any]) -> dict[str, Any]:
+    """Join the launcher's world on gloo, all-reduce once, and say where it met (a rank function for spawn tests)."""
+    import torch
+
+    dist.init_process_group("gloo")
+    ones = torch.ones(1)
+    dist.all_reduce(ones)
+    return {"rank": dist.get_rank(), "sum": ones.item(), "port": int(os.environ["MASTER_PORT"])}

@@ -26,6 +26,8 @@ __all__ = ["RankResult", "RanksFailed", "free_port", "launcher_env", "spawn_rank
 
 #: After one rank fails, how long the others get to finish before they are killed.
 FAILURE_GRACE_S = 15.0
+#: Starts of one run when the rendezvous port is taken between picking it and binding it.
+PORT_ATTEMPTS = 3
 
 
 @dataclass
@@ -94,15 +96,25 @@ def _kill(processes: list[subprocess.Popen]) -> None:
         process.wait()
 
 
-def _wait(processes: list[subprocess.Popen], timeout_s: float, on_tick: Callable[[float], None] | None) -> bool:
-    """Wait for every process; end them all on the deadline or soon after a failure. True if the deadline hit."""
+def _wait(
+    processes: list[subprocess.Popen],
+    timeout_s: float,
+    on_tick: Callable[[float], None] | None,
+    at_once: Callable[[int], bool] = lambda rank: False,
+) -> bool:
+    """Wait for every process; end them all on the deadline or soon after a failure. True if the deadline hit.
+
+    A failure for which ``at_once(rank)`` is true (a lost rendezvous port) ends the others at
+    once: they can only be waiting for a peer that will never come.
+    """
     start = time.monotonic()
     failed_at = None
     while any(p.poll() is None for p in processes):
         now = time.monotonic()
-        if failed_at is None and any(p.returncode not in (None, 0) for p in processes):
-            failed_at = now
-        if now - start > timeout_s or (failed_at is not None and now - failed_at > FAILURE_GRACE_S):
+        failed = [rank for rank, p in enumerate(processes) if p.returncode not in (None, 0)]
+        if failed and failed_at is None:
+            failed_at = now - (FAILURE_GRACE_S if any(at_once(rank) for rank in failed) else 0.0)
+        if now - start > timeout_s or (failed_at is not None and now - failed_at >= FAILURE_GRACE_S):
             _kill(processes)
             return now - start > timeout_s
         if on_tick is not None:
@@ -111,26 +123,25 @@ def _wait(processes: list[subprocess.Popen], timeout_s: float, on_tick: Callable
     return False
 
 
-def spawn_ranks(
-    target: str,
-    params: Any = None,
-    *,
-    world_size: int = 2,
-    timeout_s: float = 180.0,
-    env: Mapping[str, str] | None = None,
-    check: bool = True,
-    on_tick: Callable[[float], None] | None = None,
-) -> list[RankResult]:
-    """Run ``target`` (``"module:function"``) on ``world_size`` local ranks; return every rank's result.
+def _says_port_taken(text: str) -> bool:
+    lowered = text.lower()
+    return "eaddrinuse" in lowered or "address already in use" in lowered
 
-    ``params`` must be JSON-serializable; so must the function's return value.
-    ``env`` adds environment variables (``PYTHONPATH`` to shadow a package, say).
-    Every rank is killed at ``timeout_s``. With ``check`` (default), any failed
-    or timed-out rank raises :class:`RanksFailed` naming each rank's error.
-    """
-    if world_size < 1:
-        raise ValueError(f"world_size must be at least 1, got {world_size}")
-    port = free_port()
+
+def _lost_the_port(results: list[RankResult]) -> bool:
+    """Whether a rank failed because another process took the rendezvous port first."""
+    return any(_says_port_taken(f"{r.error or ''} {r.output}") for r in results if not r.ok)
+
+
+def _spawn_once(
+    target: str,
+    params: Any,
+    world_size: int,
+    timeout_s: float,
+    env: Mapping[str, str] | None,
+    on_tick: Callable[[float], None] | None,
+    port: int,
+) -> list[RankResult]:
     with tempfile.TemporaryDirectory(prefix="nemo-rl-shim-ranks-") as tmp:
         out = Path(tmp)
         (out / "params.json").write_text(json.dumps(params))
@@ -154,8 +165,13 @@ def spawn_ranks(
                     stdin=subprocess.DEVNULL,
                 )
             )
+
+        def lost_port(rank: int) -> bool:
+            result = out / f"rank{rank}.json"
+            return result.exists() and _says_port_taken(result.read_text(errors="replace"))
+
         try:
-            timed_out = _wait(processes, timeout_s, on_tick)
+            timed_out = _wait(processes, timeout_s, on_tick, lost_port)
         finally:
             _kill(processes)
         results = []
@@ -173,6 +189,39 @@ def spawn_ranks(
             elif process.returncode != 0 and not result.timed_out:
                 result.error = f"rank {rank} exited {process.returncode} before reporting"
             results.append(result)
+    return results
+
+
+def spawn_ranks(
+    target: str,
+    params: Any = None,
+    *,
+    world_size: int = 2,
+    timeout_s: float = 180.0,
+    env: Mapping[str, str] | None = None,
+    check: bool = True,
+    on_tick: Callable[[float], None] | None = None,
+) -> list[RankResult]:
+    """Run ``target`` (``"module:function"``) on ``world_size`` local ranks; return every rank's result.
+
+    ``params`` must be JSON-serializable; so must the function's return value.
+    ``env`` adds environment variables (``PYTHONPATH`` to shadow a package, say).
+    Every rank is killed at ``timeout_s``. With ``check`` (default), any failed
+    or timed-out rank raises :class:`RanksFailed` naming each rank's error.
+
+    The rendezvous port is picked free just before the ranks start, and a rank binds it
+    a moment later: another process can take it in between (Gloo opens ports of its own
+    all the time). A run that fails on exactly that ("address already in use") is started
+    again on a fresh port, up to :data:`PORT_ATTEMPTS` times, within the same ``timeout_s``.
+    """
+    if world_size < 1:
+        raise ValueError(f"world_size must be at least 1, got {world_size}")
+    deadline = time.monotonic() + timeout_s
+    for _ in range(PORT_ATTEMPTS):
+        remaining = max(1.0, deadline - time.monotonic())
+        results = _spawn_once(target, params, world_size, remaining, env, on_tick, free_port())
+        if not _lost_the_port(results):
+            break
     if check and not all(r.ok for r in results):
         raise RanksFailed(results)
     return results

@@ -19,10 +19,10 @@ Embedded default (no ``--config``): ``distributed_timeout_minutes: 45``, no
 after-init value, ``patch_automodel: true``, CPU offload on, every parallel
 size 1 (dp = number of ranks). CPU offload is on because it is the
 configuration the timeout regression is about, and because it runs the
-``full_tensor()`` check. On a CPU-only machine the fork fix is applied with or
-without CPU offload, since 0.5.0-0.7.0's override returns nothing for a
-non-CUDA mesh; with ``--no-patch`` the size-1 axes keep gloo's 30-minute
-default, which preflight then reports.
+``full_tensor()`` check. On a CPU-only machine the default group is plain gloo and the
+cpu-mesh-timeout workaround is applied with or without CPU offload, since 0.5.0-0.7.0's
+override returns nothing for a non-CUDA mesh; with ``--no-patch`` the sub-groups the mesh
+build makes keep gloo's 30-minute default, which preflight then reports.
 
 CPU offload check: FSDP2 ``fully_shard`` with ``CPUOffloadPolicy`` on the ``dp``
 mesh (it works on a gloo mesh with torch 2.15, so CPU and GPU runs use the same
