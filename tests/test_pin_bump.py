@@ -110,7 +110,16 @@ def rehearsal(tmp_path_factory) -> dict[str, Any]:
     facts["relock_s"] = time.monotonic() - start
     facts["status"] = copy.run(copy.python, "-m", "nemo_rl_shim", "status", "--json")
     facts["tests"] = copy.run(
-        copy.python, "-m", "pytest", "-rfs", "-p", "no:cacheprovider", "tests/test_tripwire.py", "tests/test_gpu.py"
+        copy.python,
+        "-m",
+        "pytest",
+        "-n",
+        "0",
+        "-rfs",
+        "-p",
+        "no:cacheprovider",
+        "tests/test_tripwire.py",
+        "tests/test_gpu.py",
     )
     facts["preflight"] = copy.run(copy.python, "-m", "nemo_rl_shim", "preflight", "--timeout-minutes", "45")
     facts["wall_s"] = time.monotonic() - start

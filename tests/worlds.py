@@ -44,7 +44,7 @@ def forget_meshes() -> None:
             mapping.clear()
 
 
-def device_mesh_facts() -> dict[str, bool]:
+def device_mesh_facts() -> dict[str, Any]:
     """What torch's DeviceMesh does with a backend override, measured on the live default group (call on every rank).
 
     A (world, 1) mesh whose size-1 axis carries a Gloo override of 7 s: ``passes_timeout``
@@ -68,8 +68,10 @@ def device_mesh_facts() -> dict[str, bool]:
         mesh_dim_names=("probe_world", "probe_one"),
         backend_override={"probe_one": ("gloo", options)},
     )
+    read_back = backend_timeouts(mesh.get_group("probe_one"))["cpu"]
     return {
-        "passes_timeout": backend_timeouts(mesh.get_group("probe_one"))["cpu"] == seven,
+        "passes_timeout": read_back == seven,
+        "read_back_s": read_back.total_seconds(),
         "reuses_default_group": mesh.get_group("probe_world") is dist.group.WORLD,
     }
 
