@@ -15,7 +15,9 @@ from typing import Any
 
 from torch.distributed.distributed_c10d import BackendConfig
 
-from automodel_patch._world import simulated_default_group
+from automodel_patch._target import OVERRIDE_NAME
+from automodel_patch._verdict import Detection, Verdict
+from automodel_patch._world import SimulationUnavailable, simulated_default_group
 
 __all__ = [
     "EXPECTED_PARAMETERS",
@@ -26,6 +28,7 @@ __all__ = [
     "call_under",
     "first_line",
     "has_override_signature",
+    "judge_override",
 ]
 
 PROBE_AXES = ("dp_shard", "tp")
@@ -98,3 +101,37 @@ def axis_problems(
         if timeout != minutes:
             problems.append(f"gives axis {axis!r} timeout {timeout}, not the requested {minutes}")
     return problems
+
+
+def judge_override(
+    slug: str,
+    functions: Mapping[str, Any],
+    *,
+    backend: str,
+    device_type: str,
+    fixed: str,
+    more: Callable[[], list[str]] = list,
+) -> Detection:
+    """A workaround's verdict: call the genuine override for ``device_type`` under a ``backend`` default group.
+
+    NEEDED with the first problem :func:`axis_problems` (and ``more``) find; NOT_NEEDED with
+    ``fixed``; ABSENT without a probe-able override; UNKNOWN, with the reason, when the world
+    cannot be simulated or the call (or its answer) defeats the probe. Never raises.
+    """
+    override = functions.get(OVERRIDE_NAME)
+    if not has_override_signature(override):
+        return Detection(slug, Verdict.ABSENT, f"no {OVERRIDE_NAME}(axes, *, device_type, timeout_minutes) to probe")
+    call = f"{OVERRIDE_NAME}(device_type={device_type!r}, timeout_minutes=1) under a {backend!r} default group"
+    try:
+        answer = call_under(backend, override, PROBE_AXES, device_type=device_type, timeout_minutes=1)
+        problems = [
+            f"{call} {p}" for p in axis_problems(answer, PROBE_AXES, default_backend=backend, minutes=ONE_MINUTE)
+        ]
+        problems += more()
+    except SimulationUnavailable as e:
+        return Detection(slug, Verdict.UNKNOWN, str(e))
+    except Exception as e:  # the function (or its answer) defeats the probe: say so
+        return Detection(slug, Verdict.UNKNOWN, f"{call} raised {first_line(e)}")
+    if problems:
+        return Detection(slug, Verdict.NEEDED, problems[0])
+    return Detection(slug, Verdict.NOT_NEEDED, f"{call} {fixed}")

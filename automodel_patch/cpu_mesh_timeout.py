@@ -28,9 +28,8 @@ from typing import Any
 
 from automodel_patch import _override, _probe
 from automodel_patch._target import OVERRIDE_NAME
-from automodel_patch._verdict import Detection, Verdict
+from automodel_patch._verdict import Detection
 from automodel_patch._workaround import Functions, Workaround
-from automodel_patch._world import SimulationUnavailable
 
 __all__ = ["UNFLATTEN_NAME", "WORKAROUND", "make_unflatten_compat"]
 
@@ -77,24 +76,14 @@ def _moe_problems(unflatten: Callable[..., Any] | None) -> list[str]:
 
 def probe(functions: Functions) -> Detection:
     """Call the genuine override (and ``_unflatten_compat``) for a CPU mesh under a simulated gloo group."""
-    override = functions.get(OVERRIDE_NAME)
-    if not _probe.has_override_signature(override):
-        return Detection(SLUG, Verdict.ABSENT, f"no {OVERRIDE_NAME}(axes, *, device_type, timeout_minutes) to probe")
-    call = f"{OVERRIDE_NAME}(device_type='cpu', timeout_minutes=1) under a 'gloo' default group"
-    try:
-        answer = _probe.call_under(GLOO, override, _probe.PROBE_AXES, device_type="cpu", timeout_minutes=1)
-        problems = [
-            f"{call} {p}"
-            for p in _probe.axis_problems(answer, _probe.PROBE_AXES, default_backend=GLOO, minutes=_probe.ONE_MINUTE)
-        ]
-        problems += _moe_problems(functions.get(UNFLATTEN_NAME))
-    except SimulationUnavailable as e:
-        return Detection(SLUG, Verdict.UNKNOWN, str(e))
-    except Exception as e:  # the function (or its answer) defeats the probe: say so
-        return Detection(SLUG, Verdict.UNKNOWN, f"probing a CPU mesh raised {_probe.first_line(e)}")
-    if problems:
-        return Detection(SLUG, Verdict.NEEDED, problems[0])
-    return Detection(SLUG, Verdict.NOT_NEEDED, f"{call} gives every axis the timeout, and so do the MoE axes")
+    return _probe.judge_override(
+        SLUG,
+        functions,
+        backend=GLOO,
+        device_type="cpu",
+        fixed="gives every axis the timeout, and so do the MoE axes",
+        more=lambda: _moe_problems(functions.get(UNFLATTEN_NAME)),
+    )
 
 
 def make_unflatten_compat(unflatten_compat: Callable[..., Any], mesh_utils: ModuleType) -> Callable[..., Any] | None:

@@ -26,9 +26,8 @@ from typing import Any
 
 from automodel_patch import _override, _probe
 from automodel_patch._target import OVERRIDE_NAME
-from automodel_patch._verdict import Detection, Verdict
+from automodel_patch._verdict import Detection
 from automodel_patch._workaround import Functions, Workaround
-from automodel_patch._world import SimulationUnavailable
 
 __all__ = ["COMPOSITE_BACKEND", "WORKAROUND"]
 
@@ -38,24 +37,13 @@ COMPOSITE_BACKEND = "cuda:nccl,cpu:gloo"
 
 def probe(functions: Functions) -> Detection:
     """Call the genuine override for a CUDA mesh under a simulated composite default group."""
-    override = functions.get(OVERRIDE_NAME)
-    if not _probe.has_override_signature(override):
-        return Detection(SLUG, Verdict.ABSENT, f"no {OVERRIDE_NAME}(axes, *, device_type, timeout_minutes) to probe")
-    call = f"{OVERRIDE_NAME}(device_type='cuda', timeout_minutes=1) under a {COMPOSITE_BACKEND!r} default group"
-    try:
-        answer = _probe.call_under(
-            COMPOSITE_BACKEND, override, _probe.PROBE_AXES, device_type="cuda", timeout_minutes=1
-        )
-        problems = _probe.axis_problems(
-            answer, _probe.PROBE_AXES, default_backend=COMPOSITE_BACKEND, minutes=_probe.ONE_MINUTE
-        )
-    except SimulationUnavailable as e:
-        return Detection(SLUG, Verdict.UNKNOWN, str(e))
-    except Exception as e:  # the function (or its answer) defeats the probe: say so
-        return Detection(SLUG, Verdict.UNKNOWN, f"{call} raised {_probe.first_line(e)}")
-    if problems:
-        return Detection(SLUG, Verdict.NEEDED, f"{call} {problems[0]}")
-    return Detection(SLUG, Verdict.NOT_NEEDED, f"{call} keeps both halves with the timeout on every axis")
+    return _probe.judge_override(
+        SLUG,
+        functions,
+        backend=COMPOSITE_BACKEND,
+        device_type="cuda",
+        fixed="keeps both halves with the timeout on every axis",
+    )
 
 
 def layer(mesh_utils: ModuleType, current: Mapping[str, Any]) -> dict[str, Any]:

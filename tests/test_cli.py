@@ -82,6 +82,7 @@ def test_status_json_versions_support_workarounds_and_decisions(status_json):
         workaround = automodel_patch.workaround(w["name"])
         assert (w["verdict"], w["active"]) == ("needed", False)  # the locked 0.7.0, in a fresh process
         assert (w["removal_condition"], w["tripwire"]) == (workaround.removal_condition, workaround.tripwire)
+        assert w["symptom"] == workaround.symptom
     assert [d["run"] for d in s["decisions"]] == RUNS
     on_gpu, nccl, cpu = s["decisions"]
     assert (on_gpu["default_backend"], on_gpu["action"], on_gpu["applies"]) == (
@@ -106,6 +107,7 @@ def test_status_text_says_what_would_be_applied_and_when_to_remove_it(status_jso
     assert "(45 min, no CUDA device: gloo, this machine): patch_and_forward" in text
     for slug in (KEEP, CPU_MESH):
         assert f"remove when {automodel_patch.workaround(slug).removal_condition}" in text
+        assert f"without it: {automodel_patch.workaround(slug).symptom}" in text
     assert f"timeout API: {TIMEOUT_API}" in text
 
 

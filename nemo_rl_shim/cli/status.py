@@ -69,6 +69,7 @@ def _workarounds(decisions: list[dict[str, Any]] | None) -> list[dict[str, Any]]
                 "reason": detection.reason if detection else None,
                 "active": automodel_patch.is_applied(w.slug) if decisions is not None else False,
                 "would_apply_for": [d["run"] for d in decisions or [] if w.slug in d["applies"]],
+                "symptom": w.symptom,
                 "removal_condition": w.removal_condition,
                 "tripwire": w.tripwire,
             }
@@ -139,6 +140,7 @@ def _workaround_lines(status: dict[str, Any]) -> list[str]:
             if w["would_apply_for"]:
                 state += f"; setup_distributed would apply it for: {', '.join(w['would_apply_for'])}"
         lines.append(f"workaround {w['name']}: {state}")
+        lines.append(f"    without it: {w['symptom']}")
         if w["reason"]:
             lines.append(f"    detection: {w['reason']}")
         lines.append(f"    remove when {w['removal_condition']}")
