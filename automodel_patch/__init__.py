@@ -25,6 +25,7 @@ from automodel_patch._apply import (
     patched_names,
     revert,
 )
+from automodel_patch._fallback import WorkaroundFallbackWarning
 from automodel_patch._override import keep_all_backends_override
 from automodel_patch._target import build_accepts_timeout, installed_version
 from automodel_patch._verdict import Detection, Verdict
@@ -41,6 +42,7 @@ __all__ = [
     "Detection",
     "Verdict",
     "Workaround",
+    "WorkaroundFallbackWarning",
     "active",
     "apply",
     "build_accepts_timeout",

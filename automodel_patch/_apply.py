@@ -151,7 +151,7 @@ def _install(module: Any, slugs: list[str]) -> None:
                 current[name] = function
                 touched.setdefault(name, []).append(workaround.slug)
     if slugs and _REUSE_NAME in genuine:
-        current[_REUSE_NAME] = _override.make_init_device_mesh(genuine[_REUSE_NAME])
+        current[_REUSE_NAME] = _override.make_init_device_mesh(genuine[_REUSE_NAME], tuple(slugs))
         touched[_REUSE_NAME] = list(slugs)
     for name, original in _originals.items():
         if name in touched:

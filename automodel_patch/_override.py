@@ -26,6 +26,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import BackendConfig
 
+from automodel_patch._fallback import DefaultGroupUnreadable, or_genuine
+
 __all__ = [
     "backend_options",
     "default_backend",
@@ -39,14 +41,40 @@ __all__ = [
 BackendOverride = dict[str, tuple[str, Any]]
 
 
+def _device_map(backend: object, source: str) -> dict[str, str]:
+    if not isinstance(backend, str):
+        raise DefaultGroupUnreadable(f"{source} answered {backend!r} ({type(backend).__name__}), not a backend string")
+    try:
+        devices = BackendConfig(backend).get_device_backend_map()
+    except Exception as e:
+        raise DefaultGroupUnreadable(f"{source} answered {backend!r}, which is not a backend string: {e}") from e
+    if not backend or not all(devices.values()):
+        raise DefaultGroupUnreadable(f"{source} answered {backend!r}, which names no backend for some device")
+    return devices
+
+
+def _default_group() -> Any:
+    world = dist.group.WORLD
+    if world is None:
+        raise DefaultGroupUnreadable(
+            "torch.distributed reports itself initialized (dist.is_initialized() is True) but has no default "
+            "process group (dist.group.WORLD is None)"
+        )
+    return world
+
+
 def default_backend(device_type: str) -> str:
     """The default group's backend string, e.g. ``"cuda:nccl,cpu:gloo"``.
 
-    Before any group exists, the backend torch would pick for ``device_type``.
+    Before any group exists, the backend torch would pick for ``device_type``. Raises
+    :class:`DefaultGroupUnreadable` when c10d says it is initialized but cannot name a
+    usable backend string (no default group, or an answer that is not a backend string).
     """
-    if dist.is_available() and dist.is_initialized():
-        return str(dist.get_backend())
-    return "nccl" if device_type == "cuda" else "gloo"
+    if not (dist.is_available() and dist.is_initialized()):
+        return "nccl" if device_type == "cuda" else "gloo"
+    backend = dist.get_backend(_default_group())
+    _device_map(backend, "dist.get_backend(default group)")
+    return str(backend)
 
 
 def backend_options(backend: str, timeout: datetime.timedelta) -> Any:
@@ -85,10 +113,17 @@ def keep_all_backends_override(
 
 
 def default_group_timeouts() -> dict[str, datetime.timedelta]:
-    """Timeout of each device backend of the default group, keyed by device type."""
-    group = dist.distributed_c10d._get_default_group()
-    devices = BackendConfig(str(dist.get_backend(group))).get_device_backend_map()
-    return {device: group._get_backend(torch.device(device)).options._timeout for device in devices}
+    """Timeout of each device backend of the default group, keyed by device type.
+
+    Raises :class:`DefaultGroupUnreadable` when a backend's timeout is not a ``timedelta``.
+    """
+    group = _default_group()
+    devices = _device_map(dist.get_backend(group), "dist.get_backend(default group)")
+    timeouts = {device: group._get_backend(torch.device(device)).options._timeout for device in devices}
+    for device, timeout in timeouts.items():
+        if not isinstance(timeout, datetime.timedelta):
+            raise DefaultGroupUnreadable(f"the default group's {device} backend reports timeout {timeout!r}")
+    return timeouts
 
 
 def reuses_default_group(size: int, config: tuple[str, Any] | None) -> bool:
@@ -96,11 +131,18 @@ def reuses_default_group(size: int, config: tuple[str, Any] | None) -> bool:
 
     True when the axis spans the world and the override asks for nothing the
     default group lacks: same backend string, same timeout on every half.
+    Raises :class:`DefaultGroupUnreadable` when c10d cannot answer that.
     """
-    if config is None or not dist.is_initialized() or size != dist.get_world_size():
+    if config is None or not dist.is_initialized():
+        return False
+    _default_group()
+    world_size = dist.get_world_size()
+    if not isinstance(world_size, int) or world_size < 1:
+        raise DefaultGroupUnreadable(f"dist.get_world_size() answered {world_size!r}, not a positive int")
+    if size != world_size:
         return False
     backend, options = config
-    if backend not in (None, str(dist.get_backend())):
+    if backend not in (None, default_backend("cuda")):
         return False
     timeout = getattr(options, "_timeout", None)
     return timeout is None or all(t == timeout for t in default_group_timeouts().values())
@@ -113,14 +155,16 @@ def without_reusable(override: Mapping[str, Any] | None, sizes: Mapping[str, int
     return kept or None
 
 
-def make_init_device_mesh(init_device_mesh: Callable[..., Any]) -> Callable[..., Any]:
+def make_init_device_mesh(init_device_mesh: Callable[..., Any], slugs: tuple[str, ...] = ()) -> Callable[..., Any]:
     """Wrap torch's ``init_device_mesh`` so world-sized axes reuse the default group.
 
     torch reuses the default group for a world-sized axis only when that axis
     has no override. Upstream (and the corrected override) give every axis one,
     so without this a world-sized ``dp_shard`` gets a second, identical
     communicator. The wrapper drops the override of such an axis when the
-    default group already has the requested backend and timeout.
+    default group already has the requested backend and timeout. When c10d
+    cannot say (``slugs``: the workarounds this wrapper serves, named in the
+    warning), every override is passed on unchanged, as without the wrapper.
     """
 
     def init_device_mesh_reusing_default_group(
@@ -132,9 +176,12 @@ def make_init_device_mesh(init_device_mesh: Callable[..., Any]) -> Callable[...,
         **kwargs: Any,
     ) -> Any:
         if backend_override and mesh_dim_names:
-            sizes = dict(zip(mesh_dim_names, mesh_shape, strict=True))
-            backend_override = without_reusable(
-                {axis: cfg for axis, cfg in backend_override.items() if axis in sizes}, sizes
+            given = backend_override
+            backend_override = or_genuine(
+                slugs,
+                "init_device_mesh",
+                lambda: _without_reusable_named(given, mesh_dim_names, mesh_shape),
+                lambda: given,
             )
         return init_device_mesh(
             device_type,
@@ -146,3 +193,13 @@ def make_init_device_mesh(init_device_mesh: Callable[..., Any]) -> Callable[...,
 
     init_device_mesh_reusing_default_group.__wrapped__ = init_device_mesh  # type: ignore[attr-defined]
     return init_device_mesh_reusing_default_group
+
+
+def _without_reusable_named(
+    override: Mapping[str, Any], names: Sequence[str], shape: Sequence[int]
+) -> BackendOverride | None:
+    sizes = dict(zip(names, shape, strict=True))
+    # Keys that name no axis are kept: torch rejects them itself, exactly as without the wrapper.
+    extra = {key: cfg for key, cfg in override.items() if key not in sizes}
+    kept = without_reusable({axis: cfg for axis, cfg in override.items() if axis in sizes}, sizes) or {}
+    return {**kept, **extra} or None

@@ -9,7 +9,7 @@ Symptom: on a machine without CUDA (the default group is plain ``"gloo"``) every
 Cause: ``mesh_utils._nccl_backend_override`` returns None for any non-CUDA mesh, and
     ``_unflatten_compat`` passes a timeout to ``DeviceMesh._unflatten`` only on CUDA
     (nemo-automodel 0.5.0 to 0.7.0; the fix for NVIDIA-NeMo/Automodel#4602 is expected to
-    keep that guard). No upstream issue is known.
+    keep that guard). No upstream issue is known; the PR below describes the problem.
 Fix: a layer over the override that, for a non-CUDA mesh, overrides every axis with the
     default group's backend and the timeout; and a wrapper of ``_unflatten_compat`` that
     gives a CPU mesh's MoE axes the same (0.6.0 and later; 0.5.0 has no MoE timeout plumbing).
@@ -17,6 +17,7 @@ Removal: when the genuine override, called for a CPU mesh under a ``"gloo"`` def
     gives every axis the requested timeout, and the genuine ``_unflatten_compat`` passes it
     to a CPU mesh's MoE axes (or no longer exists).
 Tripwire: ``tests/test_tripwire.py::test_cpu_mesh_timeout_is_still_needed``.
+Upstream PR: ``automodel_patch/upstream/cpu-mesh-timeout.patch`` (description beside it).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from types import ModuleType
 from typing import Any
 
 from automodel_patch import _override, _probe
+from automodel_patch._fallback import or_genuine
 from automodel_patch._target import OVERRIDE_NAME
 from automodel_patch._verdict import Detection
 from automodel_patch._workaround import Functions, Workaround
@@ -103,14 +105,22 @@ def make_unflatten_compat(unflatten_compat: Callable[..., Any], mesh_utils: Modu
         *,
         timeout_minutes: float | None = None,
     ) -> Any:
+        def genuine():
+            return unflatten_compat(flat_mesh, axis, sizes, names, timeout_minutes=timeout_minutes)
+
         if timeout_minutes is not None and flat_mesh.device_type != "cuda" and hasattr(flat_mesh, "_unflatten"):
             override = mesh_utils._nccl_backend_override(
                 names, device_type=flat_mesh.device_type, timeout_minutes=timeout_minutes
             )
-            override = _override.without_reusable(override, dict(zip(names, sizes, strict=True)))
+            override = or_genuine(
+                SLUG,
+                UNFLATTEN_NAME,
+                lambda: _override.without_reusable(override, dict(zip(names, sizes, strict=True))),
+                lambda: None,  # c10d cannot say which axes span the world: Automodel's own unflatten
+            )
             if override:
                 return flat_mesh._unflatten(axis, sizes, names, backend_override=override)
-        return unflatten_compat(flat_mesh, axis, sizes, names, timeout_minutes=timeout_minutes)
+        return genuine()
 
     unflatten_compat_with_cpu_timeout.__wrapped__ = unflatten_compat  # type: ignore[attr-defined]
     return unflatten_compat_with_cpu_timeout
@@ -121,9 +131,19 @@ def layer(mesh_utils: ModuleType, current: Mapping[str, Any]) -> dict[str, Any]:
     below = current[OVERRIDE_NAME]
 
     def cpu_mesh_override(axes, *, device_type, timeout_minutes):
+        def genuine():
+            return below(axes, device_type=device_type, timeout_minutes=timeout_minutes)
+
         if timeout_minutes is not None and device_type != "cuda":
-            return _override.keep_all_backends_override(axes, device_type=device_type, timeout_minutes=timeout_minutes)
-        return below(axes, device_type=device_type, timeout_minutes=timeout_minutes)
+            return or_genuine(
+                SLUG,
+                OVERRIDE_NAME,
+                lambda: _override.keep_all_backends_override(
+                    axes, device_type=device_type, timeout_minutes=timeout_minutes
+                ),
+                genuine,
+            )
+        return genuine()
 
     replacements: dict[str, Any] = {OVERRIDE_NAME: cpu_mesh_override}
     unflatten = current.get(UNFLATTEN_NAME)
@@ -145,6 +165,9 @@ WORKAROUND = Workaround(
         "automodel_patch/cpu_mesh_timeout.py": "the workaround itself: delete the file",
         "automodel_patch/__init__.py": "its entry in WORKAROUNDS and its import: delete both lines",
         "tests/test_cpu_mesh_timeout.py": "its unit tests: delete the file",
+        "automodel_patch/upstream/cpu-mesh-timeout.patch": "the upstream PR (merged by now): delete the file",
+        "automodel_patch/upstream/cpu-mesh-timeout.md": "the upstream PR's description: delete the file",
+        "tests/test_upstream_patches.py": "the cpu-mesh-timeout entries and tests: delete them",
         "tests/test_releases.py": "the cpu-mesh-timeout expectations of the release matrix: delete them",
         "tests/test_tripwire.py": "test_cpu_mesh_timeout_is_still_needed: delete it",
         "README.md": "its row in 'When the pin moves': delete it",

@@ -16,6 +16,8 @@ Removal: when the automodel pin includes NVIDIA-NeMo/Automodel#4602, which the p
     as: under a ``"cuda:nccl,cpu:gloo"`` default group the genuine override keeps both
     halves on every axis, with the requested timeout.
 Tripwire: ``tests/test_tripwire.py::test_keep_cpu_backend_is_still_needed``.
+Upstream PR: ``automodel_patch/upstream/keep-cpu-backend.patch`` (description beside it); the fork
+    patch ``automodel_patch/keep-cpu-backend.patch`` carries the same ``mesh_utils.py`` change.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from types import ModuleType
 from typing import Any
 
 from automodel_patch import _override, _probe
+from automodel_patch._fallback import or_genuine
 from automodel_patch._target import OVERRIDE_NAME
 from automodel_patch._verdict import Detection
 from automodel_patch._workaround import Functions, Workaround
@@ -47,13 +50,29 @@ def probe(functions: Functions) -> Detection:
 
 
 def layer(mesh_utils: ModuleType, current: Mapping[str, Any]) -> dict[str, Any]:
-    """The override for CUDA meshes; every other call goes to what is installed below."""
+    """The override for CUDA meshes; every other call goes to what is installed below.
+
+    Where c10d cannot name the default group's backend (Automodel's own unit tests patch
+    ``dist.is_initialized`` to True with no default group), the call goes below too,
+    with one :class:`~automodel_patch._fallback.WorkaroundFallbackWarning`: the answer
+    is then Automodel's, as the upstream fix's is in that world.
+    """
     below = current[OVERRIDE_NAME]
 
     def keep_all_backends_override(axes, *, device_type, timeout_minutes):
+        def genuine():
+            return below(axes, device_type=device_type, timeout_minutes=timeout_minutes)
+
         if timeout_minutes is not None and device_type == "cuda":
-            return _override.keep_all_backends_override(axes, device_type=device_type, timeout_minutes=timeout_minutes)
-        return below(axes, device_type=device_type, timeout_minutes=timeout_minutes)
+            return or_genuine(
+                SLUG,
+                OVERRIDE_NAME,
+                lambda: _override.keep_all_backends_override(
+                    axes, device_type=device_type, timeout_minutes=timeout_minutes
+                ),
+                genuine,
+            )
+        return genuine()
 
     keep_all_backends_override.__doc__ = _override.keep_all_backends_override.__doc__
     return {OVERRIDE_NAME: keep_all_backends_override}
@@ -71,6 +90,9 @@ WORKAROUND = Workaround(
         "automodel_patch/keep_cpu_backend.py": "the workaround itself: delete the file",
         "automodel_patch/__init__.py": "its entry in WORKAROUNDS and its import: delete both lines",
         "automodel_patch/keep-cpu-backend.patch": "the source patch for forks: delete the file",
+        "automodel_patch/upstream/keep-cpu-backend.patch": "the upstream PR (merged by now): delete the file",
+        "automodel_patch/upstream/keep-cpu-backend.md": "the upstream PR's description: delete the file",
+        "tests/test_upstream_patches.py": "its entries, the drift test and its real-world checks: delete them",
         "tests/test_keep_cpu_backend.py": "its unit tests: delete the file",
         "tests/test_source_patch.py": "the source patch's tests: delete the file",
         "tests/test_releases.py": "the keep-cpu-backend expectations of the release matrix: delete them",

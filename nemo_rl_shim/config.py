@@ -8,17 +8,23 @@ from __future__ import annotations
 
 import datetime
 import math
+import os
+import tempfile
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, NotRequired, TypedDict
 
 __all__ = [
+    "FLIGHT_RECORDER_DEFAULTS",
     "MIN_TIMEOUT",
     "ROLES",
     "AutomodelConfig",
+    "FlightRecorderSettings",
     "automodel_cfg",
     "distributed_timeout_minutes",
     "distributed_timeout_minutes_after_init",
+    "flight_recorder",
     "load_config",
     "minutes_timedelta",
     "patch_automodel",
@@ -47,6 +53,10 @@ class AutomodelConfig(TypedDict):
     #: cpu-mesh-timeout on a CPU-only machine) where the installed release still needs it.
     #: Default True. With False under CPU offload the timeout is not forwarded there.
     patch_automodel: NotRequired[bool]
+    #: torch's Flight Recorder: ``{enabled: false, dump_dir: null, buffer_size: 2000}``. Off by default.
+    #: On, every rank records its last ``buffer_size`` collectives and writes them to ``dump_dir`` when a
+    #: collective times out (see :mod:`nemo_rl_shim.flight_recorder`; read with ``nemo-rl-shim hang-report``).
+    flight_recorder: NotRequired[Mapping[str, Any] | None]
 
 
 def load_config(path: str | Path) -> dict[str, Any]:
@@ -134,3 +144,70 @@ def patch_automodel(cfg: Mapping[str, Any], where: str = "policy.automodel_cfg")
     if not isinstance(value, bool):
         raise ValueError(f"{where}.patch_automodel must be true or false, got {value!r}")
     return value
+
+
+#: ``automodel_cfg.flight_recorder`` keys and their defaults.
+FLIGHT_RECORDER_DEFAULTS: dict[str, Any] = {"enabled": False, "dump_dir": None, "buffer_size": 2000}
+
+
+@dataclass(frozen=True)
+class FlightRecorderSettings:
+    """A validated, enabled ``flight_recorder`` block: where each rank writes its dump, how many entries it keeps."""
+
+    dump_dir: Path
+    buffer_size: int = FLIGHT_RECORDER_DEFAULTS["buffer_size"]
+
+
+def _check_dir_name(value: Any, key: str) -> None:
+    if not isinstance(value, (str, os.PathLike)) or not str(value).strip():
+        raise ValueError(f"{key} must name a directory (a non-empty string), got {value!r}")
+
+
+def _writable_dir(value: Any, key: str) -> Path:
+    """``value`` as a directory that exists (made if missing) and that this process can write to."""
+    _check_dir_name(value, key)
+    path = Path(value).expanduser()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"{key} must be a directory that exists or can be made, got {value!r}: {e}") from e
+    try:
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as e:
+        raise ValueError(f"{key} must be a writable directory, got {value!r}: {e}") from e
+    return path
+
+
+def flight_recorder(cfg: Mapping[str, Any], where: str = "policy.automodel_cfg") -> FlightRecorderSettings | None:
+    """The validated ``flight_recorder`` block, or None when it is unset, null or ``enabled: false``.
+
+    Keys: ``enabled`` (bool, default false), ``dump_dir`` (a directory, required when enabled; made if
+    missing and checked writable here, before any process group exists), ``buffer_size`` (entries
+    per rank, a positive integer, default 2000). Unknown keys are rejected, naming the full key.
+    """
+    key = f"{where}.flight_recorder"
+    block = cfg.get("flight_recorder")
+    if block is None:
+        return None
+    if not isinstance(block, Mapping):
+        raise ValueError(f"{key} must be a mapping ({', '.join(FLIGHT_RECORDER_DEFAULTS)}), got {block!r}")
+    unknown = sorted(set(block) - set(FLIGHT_RECORDER_DEFAULTS))
+    if unknown:
+        raise ValueError(
+            f"{key}.{unknown[0]} is not a flight_recorder key (known: {', '.join(FLIGHT_RECORDER_DEFAULTS)}), "
+            f"got {block[unknown[0]]!r}"
+        )
+    values = {**FLIGHT_RECORDER_DEFAULTS, **{k: v for k, v in block.items() if v is not None}}
+    if not isinstance(values["enabled"], bool):
+        raise ValueError(f"{key}.enabled must be true or false, got {values['enabled']!r}")
+    size = values["buffer_size"]
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ValueError(f"{key}.buffer_size must be a positive integer (entries per rank), got {size!r}")
+    if values["dump_dir"] is not None:
+        _check_dir_name(values["dump_dir"], f"{key}.dump_dir")
+    if not values["enabled"]:
+        return None
+    if values["dump_dir"] is None:
+        raise ValueError(f"{key}.dump_dir must name a directory when {key}.enabled is true, got None")
+    return FlightRecorderSettings(_writable_dir(values["dump_dir"], f"{key}.dump_dir"), size)

@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 import automodel_patch
 from nemo_rl_shim import config as cfg
+from nemo_rl_shim import flight_recorder
 from nemo_rl_shim.decision import Decision, decide
 from nemo_rl_shim.groups import backend_timeouts
 from nemo_rl_shim.process_group import backend_for, init_process_group
@@ -233,7 +234,9 @@ def setup_distributed(
     against the launcher's ``WORLD_SIZE``, is checked before any process group exists;
     so is the torch/nemo-automodel pair (:class:`~nemo_rl_shim.support.UnsupportedVersions`).
     The returned context carries the :class:`~nemo_rl_shim.decision.Decision` that says
-    what happened to the timeout. World size 1 with CPU offload raises
+    what happened to the timeout. With ``automodel_cfg.flight_recorder`` on, torch's recorder
+    variables are set before the first group (:mod:`nemo_rl_shim.flight_recorder`) and each rank's
+    group map is written beside its dump once the meshes exist. World size 1 with CPU offload raises
     ``NotImplementedError``, as in NeMo RL; found only after the rendezvous (no
     ``WORLD_SIZE``), the just-created default group is torn down again first.
     """
@@ -242,11 +245,14 @@ def setup_distributed(
     timeout = cfg.distributed_timeout_minutes(automodel_cfg, where)
     steady = cfg.distributed_timeout_minutes_after_init(automodel_cfg, where)
     patch = cfg.patch_automodel(automodel_cfg, where)
+    recorder = cfg.flight_recorder(automodel_cfg, where)
     dtensor_cfg = config.get("dtensor_cfg") or {}
     sizes = parallel_sizes(dtensor_cfg, f"{role}.dtensor_cfg")
     expected_world = _launcher_world_size()
     if expected_world is not None:
         check_layout(sizes, expected_world, cpu_offload=runtime_config.cpu_offload, where=f"{role}.dtensor_cfg")
+    if recorder is not None:  # before any group, the probes' included: torch makes its recorder with the first one
+        flight_recorder.configure(recorder)
     require_supported()
 
     cpu_mesh = backend_for(cpu_offload=runtime_config.cpu_offload) == "gloo"
@@ -284,4 +290,6 @@ def setup_distributed(
     )
     if decision.every_group:
         context = context._replace(timeouts_set_after_build=_set_missing_timeouts(context, timeout))
+    if recorder is not None:
+        flight_recorder.record_groups(context)
     return context

@@ -30,6 +30,7 @@ import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
 from nemo_rl_shim.config import minutes_timedelta
+from nemo_rl_shim.flight_recorder import dump_on_timeout
 from nemo_rl_shim.groups import backend_timeouts, named_groups
 
 __all__ = [
@@ -96,7 +97,8 @@ def set_timeouts(
     failing anyway and must not wait on its peers.
     """
     if barrier:
-        dist.barrier()
+        with dump_on_timeout("the barrier before setting timeouts"):
+            dist.barrier()
     for name, group in run_groups(context).items():
         if isinstance(timeout, datetime.timedelta):
             set_group_timeout(timeout, group)

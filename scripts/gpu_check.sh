@@ -5,6 +5,9 @@
 #   1. nemo-rl-shim status                    (versions, what setup_distributed would decide)
 #   2. pytest -m gpu tests/test_gpu.py        (real NCCL + Gloo, FSDP2 CPU offload, keep-cpu-backend)
 #   3. nemo-rl-shim preflight                 (one rank per GPU when there are 2 or more)
+#   4. python -m tests.gpu_flight_recorder    (NCCL's own dump on a timeout, read by hang-report: one rank
+#                                              on one GPU, a collective held behind torch.cuda._sleep; two
+#                                              ranks with two GPUs or more, rank 1 never joining)
 #
 # Wheels: fetched beforehand on a machine with package-index access, for the GPU machine's
 # Python (here 3.11) and platform, versions as in uv.lock:
@@ -76,3 +79,5 @@ step "$python" -m nemo_rl_shim status
 step "$python" -m pytest -o addopts="--strict-markers -ra" -m gpu tests/test_gpu.py -v -rs -p no:cacheprovider
 # preflight's own bound is shorter, so that a stuck rank is reported rather than killed.
 step "$python" -m nemo_rl_shim preflight --timeout-s "$((limit > 120 ? limit - 60 : limit))"
+# Bounded inside too: each rank at 150 s; the watchdog fires after 6 s.
+step "$python" -m tests.gpu_flight_recorder

@@ -24,6 +24,8 @@ LONGEST_FIRST = (
     "test_ray_preflight.py",
     "test_pin_bump.py",
     "test_preflight.py",
+    "test_hang_report_preflight.py",
+    "test_flight_recorder.py",
     "test_fault.py",
     "test_timeouts.py",
     "test_releases.py",

@@ -7,7 +7,8 @@ default group, learning that group a different way. Like the expected upstream f
 style keeps the ``device_type != "cuda": return None`` guard, so a CPU (gloo) mesh still
 needs the cpu-mesh-timeout workaround.
 
-* ``getbackend`` - ``dist.get_backend()`` (what ``automodel_patch/keep-cpu-backend.patch`` does);
+* ``getbackend`` - ``dist.get_backend()`` (as ``automodel_patch/keep-cpu-backend.patch`` does, once it has found a
+  default group in ``dist.group.WORLD``);
 * ``getbackendconfig`` - ``dist.get_backend_config()``;
 * ``optionsonly`` - options alone per axis: no backend string, so torch uses the default group's;
 * ``defaultgroup`` - the default group object: ``_get_default_group()._device_types``;

@@ -3,16 +3,19 @@
 Run by ``tests/test_ray_preflight.py`` as ``unshare --net -- python -m tests.ray_scenarios TEMP_DIR OUT_JSON``.
 The namespace has loopback only, so the head, its workers and the torch.distributed ranks
 all live on 127.0.0.1 and nothing can reach another host (outside it, Ray would pick this
-machine's non-loopback address). Every Ray process carries ``TEMP_DIR`` (the head's
-``--temp-dir``) on its command line; the test ends them all by it afterwards.
+machine's non-loopback address). Every process of this head lives in that namespace and
+in no other; the test ends them all by it afterwards.
 
 On one head (four CPUs), in order:
 
 1. ``preflight --ray 127.0.0.1:PORT --json``: two CPU actors, every group at the timeout;
 2. the same with rank 1 stalled for an hour (``--stall-rank 1 --stall-s 3600``) and
-   ``--timeout-s`` of :data:`STALL_TIMEOUT_S`: one line naming the stalled actor, exit 1;
-3. the leak check, through Ray's state API: actors still alive and placement
-   groups not removed, among those the two runs created.
+   ``--timeout-s`` of :data:`STALL_TIMEOUT_S`: one line naming the stalled actor, exit 1; with the
+   Flight Recorder on (``--flight-recorder``, a 12 s timeout), ending with hang-report's line;
+3. ``--world 16`` on this head of 2 CPU bundles: refused before any actor is placed, exit 2;
+4. the leak check, for each run, made by its own driver through Ray's state API just
+   before it disconnects (:mod:`tests.ray_preflight_driver`): after that, Ray would end the
+   job's actors and remove its placement groups itself, and hide a leak.
 
 Writes what it saw to ``OUT_JSON``; asserts nothing (the test does).
 """
@@ -55,33 +58,17 @@ def _run(args: list[str], timeout: float) -> dict[str, Any]:
     }
 
 
-def _preflight(address: str, *extra: str) -> dict[str, Any]:
-    command = [sys.executable, "-m", "nemo_rl_shim", "preflight", "--ray", address, "--json", *extra]
-    outcome = _run(command, _RUN_TIMEOUT_S)
+def _preflight(address: str, record: Path, *extra: str) -> dict[str, Any]:
+    """The command, run by a driver that records its run's actors and placement groups before disconnecting."""
+    driver = [sys.executable, "-m", "tests.ray_preflight_driver", str(record)]
+    outcome = _run([*driver, "preflight", "--ray", address, "--json", *extra], _RUN_TIMEOUT_S)
+    outcome["before_disconnect"] = json.loads(record.read_text()) if record.exists() else None
     try:
         outcome["report"] = json.loads(outcome.get("stdout") or "null")
     except json.JSONDecodeError as e:
         outcome["report"] = None
         outcome["json_error"] = str(e)
     return outcome
-
-
-def _leaks(address: str) -> dict[str, Any]:
-    import ray
-    from ray.util.state import list_actors, list_placement_groups
-
-    ray.init(address=address, log_to_driver=False)
-    try:
-        actors = [a for a in list_actors(limit=10_000) if (a.name or "").startswith("nemo-rl-shim-preflight-")]
-        groups = [
-            g for g in list_placement_groups(limit=10_000) if (g.name or "").startswith("nemo-rl-shim-preflight-")
-        ]
-        return {
-            "actors": [{"name": a.name, "state": a.state} for a in actors],
-            "placement_groups": [{"name": g.name, "state": g.state} for g in groups],
-        }
-    finally:
-        ray.shutdown()
 
 
 def main(temp_dir: str, out_path: str) -> int:
@@ -95,9 +82,12 @@ def main(temp_dir: str, out_path: str) -> int:
         facts["head"] = _run(head, _HEAD_TIMEOUT_S)
         if facts["head"]["returncode"] == 0:
             stall = ["--stall-rank", "1", "--stall-s", "3600", "--timeout-s", str(STALL_TIMEOUT_S)]
-            facts["passing"] = _preflight(address, "--timeout-s", str(PASS_TIMEOUT_S))
-            facts["stalled"] = _preflight(address, *stall)
-            facts["leaks"] = _leaks(address)
+            # With the Flight Recorder on and a 12 s timeout: rank 0's collective times out, and the run ends
+            # with hang-report's line (tests/test_ray_preflight.py).
+            stall += ["--timeout-minutes", "0.2", "--flight-recorder", str(Path(temp_dir, "flight-recorder"))]
+            facts["passing"] = _preflight(address, Path(temp_dir, "passing.json"), "--timeout-s", str(PASS_TIMEOUT_S))
+            facts["stalled"] = _preflight(address, Path(temp_dir, "stalled.json"), *stall)
+            facts["too_large"] = _preflight(address, Path(temp_dir, "too_large.json"), "--world", "16")
     except Exception as e:  # written to the result, so the test names it
         facts["error"] = f"{type(e).__name__}: {e}"
     Path(out_path).write_text(json.dumps(facts, default=str))

@@ -147,7 +147,7 @@ def test_preflight_help_lists_flags_and_hides_fault_injection(capsys):
     [
         (["--nproc", "1"], "preflight: --nproc must be at least 2, got 1"),
         (["--timeout-minutes", "0"], "preflight: policy.automodel_cfg.distributed_timeout_minutes must be a positive"),
-        (["--config", "/nonexistent/grpo.yaml"], "preflight: [Errno 2] No such file or directory"),
+        (["--config", "/nonexistent/grpo.yaml"], "preflight: /nonexistent/grpo.yaml: no such file"),
     ],
 )
 def test_preflight_bad_input_exits_2_with_one_line_before_starting_ranks(argv, message, capsys):

@@ -10,6 +10,7 @@ are in ``test_mesh_cpu.py``, ``test_setup_distributed.py`` and ``test_fault.py``
 from __future__ import annotations
 
 import datetime
+import warnings
 from types import ModuleType
 from typing import Any
 
@@ -17,6 +18,7 @@ import pytest
 import torch.distributed as dist
 
 import automodel_patch
+from automodel_patch import _fallback
 from automodel_patch._target import OVERRIDE_NAME
 from automodel_patch._world import simulated_default_group
 from automodel_patch.cpu_mesh_timeout import UNFLATTEN_NAME
@@ -105,3 +107,41 @@ def test_moe_companion_leaves_cuda_and_no_timeout_to_upstream(mesh_utils: Module
     with simulated_default_group("gloo"):
         getattr(mesh_utils, UNFLATTEN_NAME)(flat, 0, (2, 2), ("ep_shard", "ep"), timeout_minutes=None)
     assert flat.calls == [{"sizes": (2, 2), "names": ("ep_shard", "ep")}]
+
+
+# --------------------------------------------------------------------------- where c10d cannot answer
+
+
+def _fallbacks(caught: list[warnings.WarningMessage]) -> list[str]:
+    return [str(w.message) for w in caught if issubclass(w.category, automodel_patch.WorkaroundFallbackWarning)]
+
+
+def test_layer_without_a_default_group_gives_automodels_answer_and_warns_once(
+    mesh_utils: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Automodel's own unit-test world (is_initialized() True, no default group): its answer, None, and one warning."""
+    monkeypatch.setattr(_fallback, "_warned", set())
+    automodel_patch.apply("cpu-mesh-timeout")
+    assert dist.group.WORLD is None, "a default group exists in the test process"
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        answers = [getattr(mesh_utils, OVERRIDE_NAME)(AXES, device_type="cpu", timeout_minutes=30) for _ in range(3)]
+    assert answers == [None] * 3
+    (message,) = _fallbacks(caught)
+    assert "workaround cpu-mesh-timeout" in message and "no default process group" in message, message
+
+
+def test_moe_companion_gives_automodels_unflatten_when_the_world_size_is_unreadable(
+    mesh_utils: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_fallback, "_warned", set())
+    automodel_patch.apply("cpu-mesh-timeout")
+    flat = _FlatMesh("cpu")
+    with simulated_default_group("gloo"), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        monkeypatch.setattr(dist, "get_world_size", lambda group=None: "two")
+        getattr(mesh_utils, UNFLATTEN_NAME)(flat, 0, (1, 2), ("ep_shard", "ep"), timeout_minutes=45)
+    assert flat.calls == [{"sizes": (1, 2), "names": ("ep_shard", "ep")}], "0.7.0's own unflatten: no override on CPU"
+    (message,) = _fallbacks(caught)
+    assert "workaround cpu-mesh-timeout" in message and UNFLATTEN_NAME in message and "'two'" in message, message

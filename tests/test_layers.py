@@ -8,7 +8,8 @@ Read from the sources (every ``import`` statement, at module level, in functions
 * ``nemo_rl_shim.config`` knows nothing of ``torch.distributed``;
 * no module imports, directly or through others, a module that imports it back.
 
-And in a fresh interpreter, ``import nemo_rl_shim`` imports neither nemo-automodel nor the command line.
+And in a fresh interpreter, ``import nemo_rl_shim`` imports neither nemo-automodel, nor the command line, nor
+OmegaConf or Hydra (only the command's config reader, ``nemo_rl_shim.cli.recipe``, uses them).
 """
 
 from __future__ import annotations
@@ -107,10 +108,21 @@ def test_no_import_cycle(start: str) -> None:
 
 def test_importing_the_library_loads_neither_automodel_nor_the_command_line() -> None:
     code = (
-        "import sys, nemo_rl_shim; "
-        "print(sorted(m for m in sys.modules if m.startswith(('nemo_automodel', 'nemo_rl_shim.cli'))))"
+        "import sys, nemo_rl_shim; print(sorted(m for m in sys.modules "
+        "if m.split('.')[0] in ('nemo_automodel', 'omegaconf', 'hydra') or m.startswith('nemo_rl_shim.cli')))"
     )
     done = subprocess.run(
         [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, check=True
     )
     assert done.stdout.strip() == "[]", done.stdout
+
+
+def test_only_the_config_reader_imports_omegaconf_or_hydra() -> None:
+    users = set()
+    for module, path in MODULES.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        names = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+        names |= {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and not node.level}
+        if {name.split(".")[0] for name in names} & {"omegaconf", "hydra"}:
+            users.add(module)
+    assert users == {"nemo_rl_shim.cli.recipe"}, users

@@ -3,8 +3,11 @@
 The head, the CLI runs and the leak check run in one process tree inside a private network
 namespace (:mod:`tests.ray_scenarios`, started with ``unshare --net``): loopback only, as
 the workplace requires, and no port clash with anything outside. Bounded: the whole tree is
-killed at :data:`SCENARIOS_TIMEOUT_S`, and every Ray process (found by the head's unique
-temp dir on its command line) is ended afterwards, failure included.
+killed at :data:`SCENARIOS_TIMEOUT_S`, and every process of the head is ended afterwards,
+failure included. They are found by that network namespace, which each of them holds and
+no other process does: Ray's agents and client server start their own sessions and carry
+nothing of the head's temp dir on their command lines, so neither the process group nor
+the command line finds them all. A test fails if one is left.
 
 Measured figures (wall time of the passing run, time to report the stall) are printed and
 recorded with ``record_property``; nothing is asserted against a clock except the bound
@@ -20,6 +23,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +39,8 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.ray]
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS_TIMEOUT_S = 480
 TIMEOUT_MINUTES = 45.0
+#: How long the clean-up keeps killing what is left in the head's network namespace.
+CLEANUP_S = 30.0
 
 
 def _private_network_namespace() -> list[str]:
@@ -49,8 +55,64 @@ def _private_network_namespace() -> list[str]:
     return [unshare, "--net", "--"]
 
 
-def _end_ray_processes(temp_dir: str) -> None:
-    subprocess.run(["pkill", "-KILL", "-f", temp_dir], capture_output=True, timeout=30, check=False)
+def _network_namespace(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/net")
+    except OSError:  # gone, or a zombie (which holds no namespace)
+        return None
+
+
+def _pinned_namespace(process: subprocess.Popen) -> tuple[str | None, int | None]:
+    """The private network namespace ``unshare --net`` made for ``process``, and a descriptor that holds it.
+
+    While the descriptor is open the namespace cannot be freed, so its name cannot pass to a
+    namespace made later (say, by another Ray test on the same machine) while the clean-up
+    still goes by it. ``(None, None)`` if ``process`` never entered one within 30 s.
+    """
+    ours = _network_namespace(os.getpid())
+    end = time.monotonic() + 30
+    while process.poll() is None and time.monotonic() < end:
+        try:
+            pin = os.open(f"/proc/{process.pid}/ns/net", os.O_RDONLY)
+        except OSError:
+            pin = None
+        if pin is not None:
+            name = os.readlink(f"/proc/self/fd/{pin}")  # the namespace the descriptor holds: "net:[inode]"
+            if name != ours:
+                return name, pin
+            os.close(pin)
+        time.sleep(0.01)
+    return None, None
+
+
+def _processes_in(namespace: str) -> dict[int, str]:
+    """``{pid: command line}`` of every live process in the network namespace ``namespace``."""
+    found = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit() and _network_namespace(int(entry.name)) == namespace:
+            try:
+                found[int(entry.name)] = Path(f"/proc/{entry.name}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+    return found
+
+
+def _end_ray_processes(namespace: str | None, temp_dir: str) -> dict[int, str]:
+    """Kill every process in the head's network namespace until none is left (bounded); return those it found."""
+    if namespace is None:  # the namespace was never seen: the command line is all there is to go by
+        subprocess.run(["pkill", "-KILL", "-f", temp_dir], capture_output=True, timeout=30, check=False)
+        return {}
+    found: dict[int, str] = {}
+    end = time.monotonic() + CLEANUP_S
+    while (alive := _processes_in(namespace)) and time.monotonic() < end:
+        found.update(alive)
+        for pid in alive:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+        time.sleep(0.1)
+    return found
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +129,7 @@ def scenarios() -> dict[str, Any]:
         text=True,
         start_new_session=True,
     )
+    namespace, pin = _pinned_namespace(process)
     try:
         output, _ = process.communicate(timeout=SCENARIOS_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -76,8 +139,16 @@ def scenarios() -> dict[str, Any]:
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
-        _end_ray_processes(temp_dir)
+        ended = _end_ray_processes(namespace, temp_dir)
+        left = _processes_in(namespace) if namespace else None
+        if pin is not None:
+            os.close(pin)
     facts = json.loads(out.read_text()) if out.exists() else {"error": f"no result; output:\n{output[-4000:]}"}
+    facts["clean_up"] = {
+        "namespace": namespace,
+        "ended": sorted(ended.values()),
+        "left": sorted(left.values()) if left is not None else None,
+    }
     shutil.rmtree(temp_dir, ignore_errors=True)
     assert "error" not in facts, facts["error"]
     assert facts["loopback_up"]["returncode"] == 0, facts["loopback_up"]
@@ -118,9 +189,51 @@ def test_a_stalled_actor_is_named_in_one_line_within_the_bound(scenarios, record
     print(f"\nstalled actor reported after {run['wall_s']} s (--timeout-s {STALL_TIMEOUT_S})")
 
 
-def test_no_actor_or_placement_group_is_left_behind(scenarios) -> None:
-    leaks = scenarios["leaks"]
-    assert len(leaks["actors"]) == 4, leaks  # two runs, two actors each: all created, all gone
-    assert {a["state"] for a in leaks["actors"]} == {"DEAD"}, leaks["actors"]
-    assert len(leaks["placement_groups"]) == 2, leaks
-    assert {g["state"] for g in leaks["placement_groups"]} == {"REMOVED"}, leaks["placement_groups"]
+def test_a_stalled_actor_is_named_by_the_flight_recorder_dumps(scenarios) -> None:
+    """Both actors wrote their dumps on their node (one node here); the driver read them after the run."""
+    hang = scenarios["stalled"]["report"]["hang_report"]
+    assert hang["line"].startswith("rank 1 did not enter all_reduce #"), hang
+    assert "on default" in hang["line"] and "in which rank 0 waited" in hang["line"], hang["line"]
+    assert "written by the Ray actors on their node (127.0.0.1)" in hang["summary"], hang["summary"]
+    assert sorted(hang["dumps"]) == ["0", "1"] or sorted(hang["dumps"]) == [0, 1], hang["dumps"]
+    assert scenarios["stalled"]["stderr"].rstrip().splitlines()[-1] == f"preflight: {hang['summary']}"
+
+
+def test_a_world_larger_than_the_cluster_is_refused_before_placing_actors(scenarios) -> None:
+    run = scenarios["too_large"]
+    assert run["returncode"] == 2, run["stderr"]
+    lines = [line for line in run["stderr"].splitlines() if line.startswith("preflight: the config asks")]
+    assert lines == [
+        "preflight: the config asks for 16 training ranks, from --world 16; the Ray cluster can place 2 ranks (no GPU "
+        "in the Ray cluster: 2 CPU bundles (gloo), strategy PACK): check that layout with --dry-run, or run on a Ray "
+        "cluster with 16 GPUs (--world N or --nproc N checks N ranks here instead)"
+    ], run["stderr"]
+    seen = run["before_disconnect"]
+    assert seen is not None and (seen["actors"], seen["placement_groups"]) == ([], []), seen
+
+
+@pytest.mark.parametrize("run", ["passing", "stalled"])
+def test_no_actor_or_placement_group_is_left_when_the_driver_disconnects(scenarios, run: str) -> None:
+    """Seen by the command's own driver just before it disconnects (after that, Ray would end them itself).
+
+    Measured: a clean-up that skips removing the placement group on the failure path fails here
+    (the group is still CREATED). One that skips ``ray.kill`` but removes the group passes, and
+    rightly: Ray kills the actors placed in a group when the group is removed.
+    """
+    seen = scenarios[run]["before_disconnect"]
+    assert seen is not None, f"the {run} run's driver recorded nothing before disconnecting: {scenarios[run]}"
+    assert "error" not in seen, seen["error"]
+    assert len(seen["actors"]) == 2, seen  # two actors: both created, both gone
+    assert {a["state"] for a in seen["actors"]} == {"DEAD"}, seen["actors"]
+    assert len(seen["placement_groups"]) == 1, seen
+    assert {g["state"] for g in seen["placement_groups"]} == {"REMOVED"}, seen["placement_groups"]
+
+
+def test_no_process_of_the_head_outlives_the_clean_up(scenarios, record_property) -> None:
+    clean_up = scenarios["clean_up"]
+    assert clean_up["namespace"] is not None, "the head's network namespace was never seen: nothing to clean up by"
+    assert clean_up["ended"], "the clean-up found no process of the head in its namespace; it would miss them all"
+    assert clean_up["left"] == [], f"processes of the head outlived the clean-up: {clean_up['left']}"
+    record_property("head_processes_ended", len(clean_up["ended"]))
+    names = "; ".join(command[:100] for command in clean_up["ended"])
+    print(f"\nclean-up ended {len(clean_up['ended'])} processes of the head: {names}")

@@ -142,6 +142,10 @@ def test_timeout_reaches_every_group_on_its_cpu_backend(run: dict[str, Any], nam
     # Where the build gave every group the timeout, nothing was left to set afterwards (so the layers,
     # not the post-build pass, did the work); where torch drops it (2.9, measured), the pass set exactly
     # the groups the build made.
+    # Only the torch-2.9 CI lane kills a no-op post-build pass (distributed_setup._set_missing_timeouts):
+    # on torch 2.10 and later the build already sets every group, so there is nothing for the pass to do.
+    # Measured: with the pass made a no-op, this test fails for every forwarded scenario on the torch-2.9
+    # lane (sub-groups at Gloo's 30 min) and passes on the default lane. Do not drop that lane as redundant.
     fixed = scenario["timeouts_set_after_build"]
     if mesh["passes_timeout"]:
         assert fixed == [], (name, fixed)

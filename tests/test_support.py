@@ -5,6 +5,11 @@ The real case: nemo-automodel 0.7.0's distributed package does not import on tor
 (``cannot import name 'BlockMask'``). Its real sources are put first on ``PYTHONPATH`` of a
 fresh process; on a torch that has ``BlockMask`` (2.10 and later) there is no unsupported
 pair to show, and the test says so: the torch-2.9 CI lane (``scripts/lane.sh torch-2.9``) runs it.
+
+These two tests are the only ones that fail when ``support.check`` reports an unimportable
+Automodel as supported, and they run only on the torch-2.9 lane (measured: with that
+mutation, both fail there; the other lanes' torch has ``BlockMask``, so they skip). Dropping
+that lane as redundant would leave the check untested.
 """
 
 from __future__ import annotations
@@ -71,6 +76,7 @@ def test_setup_distributed_raises_that_line_before_any_group(unimportable) -> No
         "tests.workers_setup:unsupported_pair", {}, world_size=1, timeout_s=TIMEOUT_S, env=unimportable
     )
     facts = result.result
+    assert facts is not None, f"the rank reported no result: {result.error or result.output[-3000:]}"
     assert facts["raised"]["type"] == "UnsupportedVersions"
     message = facts["raised"]["message"]
     assert "\n" not in message

@@ -27,6 +27,7 @@ __all__ = [
     "mesh_timeouts",
     "patched_release_copy",
     "source_patched_env",
+    "upstream_patched_facts",
 ]
 
 #: Bound on one ``git apply`` / ``patch`` run.
@@ -200,4 +201,40 @@ def fault_on_sub_group(params: dict[str, Any]) -> dict[str, Any]:
     dist.barrier()  # the default group is unaffected: both ranks leave together
     report["left_through_default_group"] = True
     automodel_patch.revert()
+    return report
+
+
+def _override_facts(override: Any) -> Any:
+    if override is None:
+        return None
+    return {axis: {"backend": backend, "timeout_s": options._timeout.total_seconds()} for axis, (backend, options) in
+            override.items()}  # fmt: skip
+
+
+def upstream_patched_facts(params: dict[str, Any]) -> dict[str, Any]:
+    """What a release carrying the upstream PRs' ``mesh_utils.py`` changes does, with no run-time layer.
+
+    First, before any group exists, the world Automodel's unit tests stand up: ``dist.is_initialized()``
+    says True, no default group. Then :func:`mesh_timeouts` on a real Gloo default group (``params``
+    as there, scenarios unpatched), and the override a CUDA mesh would get on that same group.
+    """
+    from unittest import mock
+
+    import torch.distributed as dist
+    from nemo_automodel.components.distributed import mesh_utils
+
+    axes = ("dp_shard", "tp")
+    report: dict[str, Any] = {}
+    with mock.patch.object(dist, "is_initialized", return_value=True):
+        try:
+            override = mesh_utils._nccl_backend_override(axes, device_type="cuda", timeout_minutes=1)
+            report["no_default_group"] = {"raised": None, "override": _override_facts(override)}
+        except Exception as error:  # the finding of NVIDIA-NeMo/Automodel#4601's first fix: report it
+            report["no_default_group"] = {"raised": f"{type(error).__name__}: {error}"}
+    report.update(mesh_timeouts(params))
+    report["cuda_axes_on_real_group"] = _override_facts(
+        mesh_utils._nccl_backend_override(axes, device_type="cuda", timeout_minutes=1)
+    )
+    report["default_group_backend"] = mesh_utils._default_group_backend()
+    dist.barrier()
     return report

@@ -168,7 +168,7 @@ def stalled_all_reduce(group: ProcessGroup, stall_s: float, stalled_rank: int) -
 
 
 def _stall_last(group: ProcessGroup, stall_s: float, stalled_rank: int) -> dict[str, Any]:
-    """Phase 3: the stalled rank sleeps and never enters the collective; the healthy rank must raise.
+    """Phase 4: the stalled rank sleeps and never enters the collective; the healthy rank must raise.
 
     Then both meet through the default group's store (not a process group: the sub-group
     is broken and the default group's steady timeout is short), so neither rank tears
@@ -186,12 +186,33 @@ def _stall_last(group: ProcessGroup, stall_s: float, stalled_rank: int) -> dict[
     return outcome
 
 
+def _late_to_steady(
+    context: DistributedContext, group: ProcessGroup, stall_s: float, stalled_rank: int
+) -> dict[str, Any]:
+    """Phase 2: ``stalled_rank`` is still in a slow start-up phase (``stall_s``, above the steady value) when its
+    peer calls ``after_first_step``; right after it, every rank all-reduces on ``group`` under the steady value.
+
+    The barrier in ``after_first_step`` (run under the start-up value) holds the fast rank until
+    the late one arrives, so the all-reduce completes. Without it, the fast rank would lower its
+    timeout at once and its all-reduce would time out waiting for the late rank.
+    """
+    start = time.monotonic()
+    if dist.get_rank() == stalled_rank:
+        time.sleep(stall_s)
+    after_first_step(context)
+    waited_s = time.monotonic() - start
+    outcome = stalled_all_reduce(group, 0.0, stalled_rank)
+    return {**outcome, "waited_in_after_first_step_s": waited_s}
+
+
 def stall_outcomes(params: dict[str, Any]) -> dict[str, Any]:
     """One rank stalls ``stall`` seconds in three phases, in an order that never reuses a timed-out group.
 
     1. start-up (``startup`` minutes): survived;
-    2. after ``after_first_step``, inside ``extended_timeout(raised)``: survived;
-    3. after ``after_first_step`` (``steady`` minutes): the stalled rank never arrives and the
+    2. the stalled rank reaches ``after_first_step`` late, and an all-reduce under the steady value
+       follows at once: survived, because the barrier holds the fast rank (:func:`_late_to_steady`);
+    3. after ``after_first_step``, inside ``extended_timeout(raised)``: survived;
+    4. after ``after_first_step`` (``steady`` minutes): the stalled rank never arrives and the
        healthy rank raises. Last, because a gloo group that timed out stays broken.
 
     The collective runs on the ``dp_shard`` axis group, which FSDP2 reduces over.
@@ -208,7 +229,9 @@ def stall_outcomes(params: dict[str, Any]) -> dict[str, Any]:
     }
     dist.barrier()
     out["startup"] = stalled_all_reduce(group, params["stall"], stalled)
-    after_first_step(context)
+    out["late_to_steady"] = _late_to_steady(context, group, params["stall"], stalled)
+    if out["late_to_steady"]["outcome"] != "completed":
+        return out  # a gloo group that timed out stays broken: the later phases could only hang or fail
     with extended_timeout(context, params["raised"]):
         dist.barrier()
         out["extended"] = stalled_all_reduce(group, params["stall"], stalled)

@@ -24,12 +24,15 @@ import torch
 import torch.distributed as dist
 
 from nemo_rl_shim.distributed_setup import RuntimeConfig, setup_distributed
+from nemo_rl_shim.flight_recorder import dump_on_timeout
 from nemo_rl_shim.groups import axis_mesh, backend_timeouts, group_backends, named_groups
 from nemo_rl_shim.timeouts import after_first_step
 
-__all__ = ["OFFLOAD_METHOD", "check_rank"]
+__all__ = ["NOT_RUN", "OFFLOAD_METHOD", "check_rank"]
 
 OFFLOAD_METHOD = "fully_shard(mesh=dp, offload_policy=CPUOffloadPolicy(pin_memory=False)) on an nn.Linear"
+#: What a dry run reports for a collective: its groups are on torch's fake backend.
+NOT_RUN = "not run (dry run)"
 
 
 def _minutes(group: Any) -> dict[str, float]:
@@ -46,7 +49,8 @@ def _all_reduce(group: Any, device: torch.device) -> str:
     ranks = dist.get_process_group_ranks(group)
     value = torch.full((1,), float(dist.get_rank() + 1), device=device)
     try:
-        dist.all_reduce(value, group=group)
+        with dump_on_timeout(f"preflight {device.type} all_reduce on ranks {ranks}"):  # recorder on: dump, ask peers
+            dist.all_reduce(value, group=group)
     except Exception as e:  # the failure is the finding: report it to the parent
         return f"failed: {_first_line(e)}"
     expected = float(sum(rank + 1 for rank in ranks))
@@ -69,7 +73,7 @@ def _cuda_all_reduce(group: Any, backends: dict[str, str]) -> str:
     return _all_reduce(group, torch.device("cuda", torch.cuda.current_device()))
 
 
-def _group_row(name: str, group: Any, cpu_offload: bool) -> dict[str, Any]:
+def _group_row(name: str, group: Any, cpu_offload: bool, dry_run: bool = False) -> dict[str, Any]:
     backends = group_backends(group)
     return {
         "group": name,
@@ -77,8 +81,8 @@ def _group_row(name: str, group: Any, cpu_offload: bool) -> dict[str, Any]:
         "is_default": group is dist.group.WORLD,
         "backends": backends,
         "timeout_minutes": _minutes(group),
-        "cpu_all_reduce": _cpu_all_reduce(group, backends, cpu_offload),
-        "cuda_all_reduce": _cuda_all_reduce(group, backends),
+        "cpu_all_reduce": NOT_RUN if dry_run else _cpu_all_reduce(group, backends, cpu_offload),
+        "cuda_all_reduce": NOT_RUN if dry_run else _cuda_all_reduce(group, backends),
         "timeout_minutes_after_init": None,
     }
 
@@ -122,11 +126,14 @@ def check_rank(params: dict[str, Any], phase: Callable[[str], None] | None = Non
     and the fault injection ``stall_rank`` / ``stall_s``: that rank sleeps
     ``stall_s`` seconds after set-up, so its peers wait in a collective on it.
     ``phase`` is told what the rank is doing as it goes, so a runner that gives up on
-    a stuck rank can say where it was.
+    a stuck rank can say where it was. ``dry_run`` (:mod:`nemo_rl_shim.cli.dry_run`): the
+    groups are on torch's fake backend, so no collective and no ``full_tensor()`` check runs;
+    each is reported as :data:`NOT_RUN`.
     """
     phase = phase or (lambda what: None)
     rank = int(os.environ["RANK"])
-    if torch.cuda.is_available():
+    dry_run = bool(params.get("dry_run"))
+    if torch.cuda.is_available() and not dry_run:
         torch.cuda.set_device(_cuda_device())
     phase("setup_distributed")
     # The decision's warning is in the report; recorded here so it is not printed once per rank.
@@ -143,9 +150,9 @@ def check_rank(params: dict[str, Any], phase: Callable[[str], None] | None = Non
     rows = []
     for name, group in groups.items():
         phase(f"all_reduce on group {name}")
-        rows.append(_group_row(name, group, params["cpu_offload"]))
+        rows.append(_group_row(name, group, params["cpu_offload"], dry_run))
     phase("full_tensor() of a CPU-offloaded parameter")
-    offload = _offload_check(context.device_mesh) if params["cpu_offload"] else None
+    offload = _offload_check(context.device_mesh) if params["cpu_offload"] and not dry_run else None
     phase("after_first_step")
     if after_first_step(context):
         for row, group in zip(rows, groups.values(), strict=True):

@@ -28,6 +28,10 @@ class PreflightReport:
     note: str | None = None
     timed_out: bool = False
     problems: list[str] = field(default_factory=list)
+    #: Lines a runner adds under the heading (a dry run: which ranks, how many groups each).
+    details: list[str] = field(default_factory=list)
+    #: Keys a runner adds to the JSON.
+    facts: dict[str, Any] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -53,6 +57,9 @@ class PreflightReport:
             "timed_out": self.timed_out,
             "wall_s": round(self.wall_s, 2),
             "role": self.options.role,
+            "training_world": self.options.world_size,
+            "training_world_source": self.options.world_source,
+            "worker_note": self.options.worker_note,
             "section": self.options.section,
             "cpu_offload": self.options.cpu_offload,
             "timeout_minutes": self.options.timeout_minutes,
@@ -60,6 +67,7 @@ class PreflightReport:
             "decision": first.get("decision"),
             "default_backend": first.get("default_backend"),
             "ranks": self.ranks,
+            **self.facts,
         }
 
 
@@ -159,9 +167,16 @@ def _timeouts(minutes: dict[str, float] | None) -> str:
     return " / ".join(f"{device} {value:g}" for device, value in minutes.items()) + " min"
 
 
+def _rank_list(ranks: list[int]) -> str:
+    """``0,1,2`` in full up to 8 ranks; longer, ``0,8,...,8184 (1024 ranks)``."""
+    if len(ranks) <= 8:
+        return ",".join(map(str, ranks))
+    return f"{ranks[0]},{ranks[1]},...,{ranks[-1]} ({len(ranks)} ranks)"
+
+
 def _cells(row: dict[str, Any]) -> dict[str, str]:
     return {
-        "ranks": ",".join(map(str, row["ranks"])),
+        "ranks": _rank_list(row["ranks"]),
         "backends": ",".join(f"{d}:{b}" for d, b in row["backends"].items()) or "none",
         "timeout": _timeouts(row["timeout_minutes"]),
         "after init": _timeouts(row.get("timeout_minutes_after_init")),
@@ -182,7 +197,8 @@ def _table(ranks: list[dict[str, Any]]) -> list[list[str]]:
         for column in COLUMNS[1:]:
             values = list(dict.fromkeys(c[column] for c in cells))
             if column == "ranks":
-                line.append(" | ".join(values))
+                shown = values if len(values) <= 4 else [*values[:2], "...", values[-1]]
+                line.append(" | ".join(shown) + ("" if len(values) <= 4 else f" ({len(values)} groups)"))
             else:
                 line.append(values[0] if len(values) == 1 else "; ".join(f"r{c['rank']}: {c[column]}" for c in cells))
         lines.append(line)
@@ -216,11 +232,24 @@ def _node_line(ranks: list[dict[str, Any]]) -> list[str]:
     return [f"nodes: {where}"]
 
 
+def _world_line(report: PreflightReport) -> list[str]:
+    """Where the training world came from, and whether this run checks all of it."""
+    size, source = report.options.world_size, report.options.world_source
+    if size is None:
+        return []
+    checked = "" if size == report.world_size else f"; this run checks {report.world_size} ranks"
+    return [f"training world: {size} rank{'s' * (size != 1)}, from {source}{checked}"]
+
+
 def render_report(report: PreflightReport) -> str:
     """The text ``nemo-rl-shim preflight`` prints."""
     options = report.options
     startup, steady = options.timeout_minutes, options.timeout_minutes_after_init
     head = [f"preflight: {report.world_size} ranks ({report.launcher}), {options.role} section"]
+    head += _world_line(report)
+    head += report.details
+    if options.worker_note:
+        head.append(f"note: {options.worker_note}")
     if report.note:
         head.append(f"note: {report.note}")
     head.append(
@@ -241,13 +270,21 @@ def render_report(report: PreflightReport) -> str:
             *_format_table(_table(complete)),
             "(ranks '0 | 1': a separate group on each rank)",
             "",
-            _offload_line(complete),
+            _offload_line(complete) if not options.dry_run else "CPU offload: full_tensor() check not run (dry run)",
         ]
-    if report.ok:  # a failure is the caller's one line (PreflightReport.problem), not repeated here
+    if report.ok and options.dry_run:
+        head.append(
+            "OK: every group carries the configured timeout on every backend (dry run: no collective run)"
+            if startup is not None
+            else "OK: every group built (dry run; no timeout configured: torch's defaults apply)"
+        )
+    elif report.ok:  # a failure is the caller's one line (PreflightReport.problem), not repeated here
         head.append(
             "OK: every group carries the configured timeout on every backend; collectives work"
             if startup is not None
             else "OK: collectives work (no timeout configured: torch's defaults apply)"
         )
     head.append(f"wall: {report.wall_s:.1f} s")
+    if "hang_report" in report.facts:  # the run failed with the Flight Recorder on: who did not join
+        head.append(report.facts["hang_report"]["summary"])
     return "\n".join(head)

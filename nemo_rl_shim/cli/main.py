@@ -1,9 +1,10 @@
-"""The ``nemo-rl-shim`` command: ``status`` and ``preflight``.
+"""The ``nemo-rl-shim`` command: ``status``, ``preflight`` and ``hang-report``.
 
-Argument parsing and printing only; the work is in :mod:`nemo_rl_shim.cli.status`
-and :mod:`nemo_rl_shim.cli.preflight`. Exit codes: 0 all good, 1 a check failed (for
-``status``: this torch and nemo-automodel cannot run together), 2 bad arguments or config
-(one line on stderr).
+Argument parsing and printing only; the work is in :mod:`nemo_rl_shim.cli.status`,
+:mod:`nemo_rl_shim.cli.preflight` and :mod:`nemo_rl_shim.cli.hang_report`. Exit codes: 0 all good,
+1 a check failed (for ``status``: this torch and nemo-automodel cannot run together; for
+``hang-report``: a stall, a mismatch or a missing dump), 2 bad arguments or config, or dumps that
+cannot be read (one line on stderr).
 
 The report (table or JSON) is the only thing on standard output: while a command runs,
 file descriptor 1 points at standard error, so whatever a library prints there (Gloo on
@@ -14,6 +15,7 @@ time it creates a group) cannot corrupt it.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -42,7 +44,26 @@ def _add_preflight(subparsers: argparse._SubParsersAction) -> None:
         "the torchrun/srun world this runs in, and check every process group's backends, timeouts and "
         "collectives. Without --config: 45 min, CPU offload on, patch_automodel true.",
     )
-    p.add_argument("--config", metavar="PATH", help="NeMo RL YAML; its --role section goes to setup_distributed")
+    p.add_argument(
+        "--config",
+        metavar="PATH",
+        help="NeMo RL config, read as NeMo RL reads it (defaults: chains, _override_, ${...} with add/mul/div/max); "
+        "its --role section goes to setup_distributed, and its cluster section gives the training world",
+    )
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="OVERRIDE",
+        help="Hydra overrides of the config, as NeMo RL takes them: key=value (an existing key), +key=value (a new "
+        "key), ++key=value (either), ~key (delete)",
+    )
+    p.add_argument(
+        "--world",
+        type=_positive_int,
+        metavar="N",
+        help="the training world to check (default: NeMo RL's rule on the config's cluster section). A world "
+        "larger than this machine (or the Ray cluster) can run exits 2 and points to --dry-run",
+    )
     p.add_argument("--role", choices=("policy", "value"), default="policy", help="config section (default policy)")
     p.add_argument("--timeout-minutes", type=float, help="automodel_cfg.distributed_timeout_minutes")
     p.add_argument(
@@ -63,7 +84,24 @@ def _add_preflight(subparsers: argparse._SubParsersAction) -> None:
         metavar="ADDRESS",
         help="run the ranks as Ray actors in a placement group on this cluster ('auto', the default, or host:port)",
     )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="check the training world in this process on torch's fake backend: no GPU, no network, no other "
+        "process; every group's backends and timeouts, no collective",
+    )
+    p.add_argument(
+        "--ranks",
+        choices=("sample", "all"),
+        default=None,
+        help="with --dry-run above 64 ranks: a sample covering every group shape (default), or all ranks",
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    p.add_argument(
+        "--flight-recorder",
+        metavar="DIR",
+        help="automodel_cfg.flight_recorder: {enabled: true, dump_dir: DIR}; a failed run ends with hang-report's line",
+    )
     # Fault injection for tests: this rank sleeps after set-up, so its peers wait on it in a collective.
     p.add_argument("--stall-rank", type=int, help=argparse.SUPPRESS)
     p.add_argument("--stall-s", type=float, default=0.0, help=argparse.SUPPRESS)
@@ -76,6 +114,21 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="print JSON")
     status.add_argument("--timeout-minutes", type=float, default=45.0, help="sample timeout (default 45)")
     _add_preflight(subparsers)
+    hang = subparsers.add_parser(
+        "hang-report",
+        help="name the rank that did not join a collective, from every rank's Flight Recorder dump",
+        description="Read every rank's Flight Recorder dump in DIR (automodel_cfg.flight_recorder.dump_dir) and name "
+        "the rank(s) that did not enter or finish the collective the others waited in. Exit 0 when every rank "
+        "agrees, 1 on a stall, a mismatch or a missing dump, 2 when DIR or a dump cannot be read.",
+    )
+    hang.add_argument("dir", metavar="DIR", help="the dump directory")
+    hang.add_argument("--json", action="store_true", help="print JSON")
+    hang.add_argument(
+        "--torch-analyzer",
+        action="store_true",
+        default=None,
+        help="also run torch's analyzer on large directories (by default only up to 20,000 entries in all)",
+    )
     return parser
 
 
@@ -107,6 +160,14 @@ def _status(args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_FAILED if status["problem"] else EXIT_OK
 
 
+def _hang_report(args: argparse.Namespace, out: TextIO) -> int:
+    from nemo_rl_shim.cli import hang_report
+
+    code, text = hang_report.main(args.dir, as_json=args.json, with_torch=args.torch_analyzer)
+    print(text, file=sys.stderr if code == hang_report.EXIT_UNREADABLE else out)
+    return code
+
+
 def _preflight(args: argparse.Namespace, out: TextIO) -> int:
     from nemo_rl_shim.cli import preflight
 
@@ -114,21 +175,34 @@ def _preflight(args: argparse.Namespace, out: TextIO) -> int:
         key: getattr(args, key)
         for key in ("timeout_minutes", "timeout_minutes_after_init", "cpu_offload", "tp", "cp", "ep", "dp_replicate")
     }
+    if args.ranks is not None and not args.dry_run:
+        print("preflight: --ranks chooses the ranks of a dry run: add --dry-run, or leave --ranks out", file=sys.stderr)
+        return EXIT_USAGE
+    if args.dry_run and args.ray is not None:
+        print("preflight: --dry-run checks the world in this process, --ray on a cluster: choose one", file=sys.stderr)
+        return EXIT_USAGE
+    if args.flight_recorder is not None:
+        overrides["flight_recorder"] = {"enabled": True, "dump_dir": args.flight_recorder}
     try:
         options = preflight.build_options(
             args.config, args.role, overrides=overrides, patch=not args.no_patch, nproc=args.nproc,
             timeout_s=args.timeout_s, stall_rank=args.stall_rank, stall_s=args.stall_s, ray_address=args.ray,
+            recipe_overrides=args.overrides, world=args.world,
         )  # fmt: skip
+        if args.dry_run:
+            options = dataclasses.replace(options, dry_run=True, all_ranks=args.ranks == "all")
         report = preflight.run_preflight(options, progress=_progress)
     except (OSError, ValueError) as e:
         print(f"preflight: {e}", file=sys.stderr)
         return EXIT_USAGE
-    launcher = None if args.ray is not None else preflight.detect_launcher()
+    launcher = None if args.ray is not None or args.dry_run else preflight.detect_launcher()
     if launcher is None or launcher.rank == 0:
         text = json.dumps(report.to_json(), indent=2, default=str) if args.json else preflight.render_report(report)
         print(text, file=out)
         if report.problem:
             print(f"preflight: FAILED: {report.problem}", file=sys.stderr)
+        if "hang_report" in report.facts:
+            print(f"preflight: {report.facts['hang_report']['summary']}", file=sys.stderr)
     code = EXIT_OK if report.ok else EXIT_FAILED
     if launcher is not None:
         # This process was a rank of the launcher's world and its groups are gone: end it here, so that
@@ -143,8 +217,17 @@ def _preflight(args: argparse.Namespace, out: TextIO) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; returns the exit code."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    # Overrides may come between flags, as NeMo RL's examples/run_*.py take them (parse_known_args).
+    unknown = [arg for arg in extra if arg.startswith("-") or args.command != "preflight"]
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
     # Noise from megatron_fsdp's import on machines without Transformer Engine/Apex.
     warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not installed")
     with _report_stream() as out:
+        if args.command == "hang-report":
+            return _hang_report(args, out)
         return _status(args, out) if args.command == "status" else _preflight(args, out)

@@ -1,5 +1,9 @@
 """What ``nemo-rl-shim preflight`` checks, read from a NeMo RL YAML and the flags, validated before any rank starts.
 
+A config is read as NeMo RL reads it (:func:`nemo_rl_shim.cli.recipe.load_recipe`: ``defaults:``
+chains, ``_override_``, Hydra overrides, resolvers), and the training world it asks for is
+computed with NeMo RL's rule (:func:`nemo_rl_shim.cli.world.training_world`), or set with ``--world``.
+
 Shared by the runner (:mod:`nemo_rl_shim.cli.preflight`) and the report
 (:mod:`nemo_rl_shim.cli._report`), so neither imports the other.
 """
@@ -7,14 +11,25 @@ Shared by the runner (:mod:`nemo_rl_shim.cli.preflight`) and the report
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from nemo_rl_shim import config as cfg
+from nemo_rl_shim.cli.recipe import load_recipe
+from nemo_rl_shim.cli.world import World, training_world, world_from_flag
 from nemo_rl_shim.distributed_setup import parallel_sizes
 
-__all__ = ["DEFAULT_SECTION", "DEFAULT_TIMEOUT_S", "MIN_RANKS", "PreflightOptions", "build_options"]
+__all__ = [
+    "DEFAULT_SECTION",
+    "DEFAULT_TIMEOUT_S",
+    "MIN_RANKS",
+    "PreflightOptions",
+    "WorldTooLarge",
+    "build_options",
+    "ranks_for_world",
+    "worker_note",
+]
 
 MIN_RANKS = 2
 DEFAULT_TIMEOUT_S = 300.0
@@ -37,6 +52,18 @@ class PreflightOptions:
     stall_s: float = 0.0
     #: ``--ray``: the Ray cluster to run on (``"auto"`` or an address); None runs without Ray.
     ray_address: str | None = None
+    #: The training world the config asks for (NeMo RL's rule on its ``cluster`` section) or ``--world``;
+    #: None when neither is given.
+    world_size: int | None = None
+    #: Where ``world_size`` came from, in words (``"cluster.num_nodes 2 x cluster.gpus_per_node 8 = 16 (...)"``).
+    world_source: str | None = None
+    #: ``--dry-run``: check the world in this process on torch's fake backend (:mod:`nemo_rl_shim.cli.dry_run`).
+    dry_run: bool = False
+    #: ``--ranks all``: a dry run checks every rank, not a sample that covers every group shape.
+    all_ranks: bool = False
+    #: Set when the config runs this role on a worker that does not build Automodel's meshes
+    #: (:func:`worker_note`); the report shows it.
+    worker_note: str | None = None
 
     @property
     def timeout_minutes(self) -> float | None:
@@ -49,6 +76,12 @@ class PreflightOptions:
         """The configured steady-state timeout (``distributed_timeout_minutes_after_init``)."""
         block = cfg.automodel_cfg({self.role: self.section}, self.role)
         return cfg.distributed_timeout_minutes_after_init(block, f"{self.role}.automodel_cfg")
+
+    @property
+    def flight_recorder(self) -> cfg.FlightRecorderSettings | None:
+        """The configured Flight Recorder (``automodel_cfg.flight_recorder``), None when off."""
+        block = cfg.automodel_cfg({self.role: self.section}, self.role)
+        return cfg.flight_recorder(block, f"{self.role}.automodel_cfg")
 
     def params(self) -> dict[str, Any]:
         """The JSON params every rank's :func:`check_rank` receives."""
@@ -64,6 +97,7 @@ class PreflightOptions:
 _AUTOMODEL_OVERRIDES = {
     "timeout_minutes": "distributed_timeout_minutes",
     "timeout_minutes_after_init": "distributed_timeout_minutes_after_init",
+    "flight_recorder": "flight_recorder",  # --flight-recorder DIR: {enabled: true, dump_dir: DIR}
 }
 _DTENSOR_OVERRIDES = {
     "tp": "tensor_parallel_size",
@@ -74,13 +108,78 @@ _DTENSOR_OVERRIDES = {
 }
 
 
-def _base_section(config_path: str | None, role: cfg.Role) -> dict[str, Any]:
+def _load(config_path: str | None, recipe_overrides: Sequence[str]) -> dict[str, Any] | None:
+    """The config as NeMo RL would train with it (inheritance, overrides, resolved); None without a path."""
     if config_path is None:
+        if recipe_overrides:
+            raise ValueError(f"config overrides need --config PATH, got {' '.join(recipe_overrides)!r}")
+        return None
+    return load_recipe(config_path, recipe_overrides)
+
+
+def _base_section(config: Mapping[str, Any] | None, config_path: str | None, role: cfg.Role) -> dict[str, Any]:
+    if config is None:
         return copy.deepcopy(DEFAULT_SECTION)
-    section = cfg.load_config(config_path).get(role)
+    section = config.get(role)
     if not isinstance(section, Mapping):
         raise ValueError(f"{config_path} must have a {role} section (a mapping), got {section!r}")
     return copy.deepcopy(dict(section))
+
+
+def _world(config: Mapping[str, Any] | None, role: cfg.Role, world: int | None) -> World | None:
+    """``--world`` when given, else NeMo RL's rule on the config's ``cluster`` section, else None."""
+    if world is not None:
+        return world_from_flag(world)
+    if config is None or config.get("cluster") is None:
+        return None
+    return training_world(config, role)
+
+
+class WorldTooLarge(ValueError):
+    """The config's training world does not fit where preflight would run its ranks."""
+
+
+def ranks_for_world(options: PreflightOptions, capacity: int, here: str) -> int | None:
+    """How many ranks to run for ``options`` where ``capacity`` ranks fit (``here`` says what they are).
+
+    ``--nproc`` wins when given. Otherwise a configured world that fits is run as is (at least
+    :data:`MIN_RANKS`); None (no world) leaves the runner's default. A world larger than
+    ``capacity`` raises :class:`WorldTooLarge`: one line, pointing to ``--dry-run``.
+    """
+    if options.nproc is not None or options.world_size is None:
+        return options.nproc
+    if options.world_size > capacity:
+        elsewhere = (
+            f"on a Ray cluster with {options.world_size} GPUs" if options.ray_address else "on the cluster with --ray"
+        )
+        raise WorldTooLarge(
+            f"the config asks for {options.world_size} training ranks, from {options.world_source}; {here}: "
+            f"check that layout with --dry-run, or run {elsewhere} (--world N or --nproc N checks N ranks here "
+            "instead)"
+        )
+    return max(options.world_size, MIN_RANKS)
+
+
+def worker_note(section: Mapping[str, Any], role: cfg.Role) -> str | None:
+    """Why this config's ``role`` would not run on the Automodel path this command checks, or None.
+
+    NeMo RL picks the worker from ``dtensor_cfg`` (``nemo_rl/models/policy/lm_policy.py`` at 7ea279abf):
+    ``enabled: false`` runs the role on Megatron, and ``_v2`` unset or false runs the v1 DTensor
+    worker, which builds its meshes without Automodel's ``MeshContext``. Either way the knob
+    ``automodel_cfg.distributed_timeout_minutes`` does not reach that run, so the report says so.
+    """
+    dtensor = section.get("dtensor_cfg") or {}
+    if dtensor.get("enabled") is False:
+        return (
+            f"{role}.dtensor_cfg.enabled is false: NeMo RL runs this role on Megatron (its timeout is "
+            f"{role}.megatron_cfg.distributed_timeout_minutes); this check covers the Automodel path"
+        )
+    if dtensor.get("_v2") is not True:
+        return (
+            f"{role}.dtensor_cfg._v2 is {dtensor.get('_v2', 'unset')!s}: NeMo RL runs its v1 DTensor worker, which "
+            f"does not build Automodel's meshes; this check covers the Automodel path ({role}.dtensor_cfg._v2=true)"
+        )
+    return None
 
 
 def build_options(
@@ -94,8 +193,15 @@ def build_options(
     stall_rank: int | None = None,
     stall_s: float = 0.0,
     ray_address: str | None = None,
+    recipe_overrides: Sequence[str] = (),
+    world: int | None = None,
 ) -> PreflightOptions:
     """Options from a NeMo RL YAML (its ``role`` section) or the embedded default, then ``overrides``.
+
+    The YAML is read as NeMo RL reads it, with ``recipe_overrides`` (Hydra's ``key=value``,
+    ``+key=value``, ``++key=value``, ``~key``) applied before the flags' ``overrides``; errors are
+    :class:`nemo_rl_shim.cli.recipe.RecipeError` (a ``ValueError``). ``world`` (``--world``) sets the
+    training world; without it the config's ``cluster`` section gives it, with NeMo RL's rule.
 
     ``overrides`` keys: ``timeout_minutes``, ``timeout_minutes_after_init``, ``cpu_offload``,
     ``tp``, ``cp``, ``ep``, ``dp_replicate``; None values are ignored. ``patch=False`` sets
@@ -104,7 +210,9 @@ def build_options(
     """
     if role not in cfg.ROLES:
         raise ValueError(f"role must be one of {', '.join(cfg.ROLES)}, got {role!r}")
-    section = _base_section(config_path, role)
+    config = _load(config_path, recipe_overrides)
+    section = _base_section(config, config_path, role)
+    training = _world(config, role, world)
     automodel = section["automodel_cfg"] = dict(section.get("automodel_cfg") or {})
     dtensor = section["dtensor_cfg"] = dict(section.get("dtensor_cfg") or {})
     for key, value in (overrides or {}).items():
@@ -121,6 +229,7 @@ def build_options(
     where = f"{role}.automodel_cfg"
     cfg.distributed_timeout_minutes_after_init(automodel, where)  # checks the start-up value too
     cfg.patch_automodel(automodel, where)
+    cfg.flight_recorder(automodel, where)  # makes the dump directory and checks it is writable
     parallel_sizes(dtensor, f"{role}.dtensor_cfg")
     cpu_offload = dtensor.get("cpu_offload", False)
     if not isinstance(cpu_offload, bool):
@@ -132,5 +241,7 @@ def build_options(
     if ray_address is not None and not ray_address.strip():
         raise ValueError(f"--ray takes 'auto' or a cluster address (host:port), got {ray_address!r}")
     return PreflightOptions(
-        section, role, cpu_offload, nproc, float(timeout_s), stall_rank, float(stall_s), ray_address
-    )
+        section, role, cpu_offload, nproc, float(timeout_s), stall_rank, float(stall_s), ray_address,
+        world_size=training.size if training else None, world_source=training.source if training else None,
+        worker_note=worker_note(section, role) if config_path is not None else None,
+    )  # fmt: skip

@@ -6,14 +6,18 @@ Library API (the command is a thin argparse layer over it):
   flags, validated before any process starts.
 * :func:`run_preflight` - spawn the ranks (:func:`nemo_rl_shim.cli.launch.spawn_ranks`),
   or, under torchrun / srun (:func:`detect_launcher`), join that world, or place them as
-  Ray actors (``--ray``, :mod:`nemo_rl_shim.cli.ray_preflight`); every rank runs
-  :func:`check_rank` and the results are gathered.
+  Ray actors (``--ray``, :mod:`nemo_rl_shim.cli.ray_preflight`), or play every rank of the
+  training world in this process on torch's fake backend (``--dry-run``,
+  :mod:`nemo_rl_shim.cli.dry_run`); every rank runs :func:`check_rank` and the results are gathered.
 * :func:`find_problems` / :attr:`PreflightReport.problem` - what is wrong, one line.
 * :func:`render_report` / :meth:`PreflightReport.to_json` - table or JSON.
 
 Ranks: one per CUDA device when there are at least two; otherwise two CPU ranks
 on gloo (with exactly one CUDA device it is hidden from the ranks, since NCCL
-needs one device per rank).
+needs one device per rank). With a training world (the config's ``cluster`` section
+read with NeMo RL's rule, or ``--world``), that many ranks when they fit, and
+:class:`WorldTooLarge` (exit 2, one line pointing to ``--dry-run``) when they do not;
+``--nproc`` always wins.
 
 Embedded default (no ``--config``): ``distributed_timeout_minutes: 45``, no
 after-init value, ``patch_automodel: true``, CPU offload on, every parallel
@@ -49,7 +53,15 @@ from typing import Any
 
 from nemo_rl_shim.cli._rank_checks import check_rank
 from nemo_rl_shim.cli._report import COLUMNS, PreflightReport, find_problems, render_report
-from nemo_rl_shim.cli.options import DEFAULT_SECTION, DEFAULT_TIMEOUT_S, MIN_RANKS, PreflightOptions, build_options
+from nemo_rl_shim.cli.options import (
+    DEFAULT_SECTION,
+    DEFAULT_TIMEOUT_S,
+    MIN_RANKS,
+    PreflightOptions,
+    WorldTooLarge,
+    build_options,
+    ranks_for_world,
+)
 
 __all__ = [
     "COLUMNS",
@@ -60,6 +72,7 @@ __all__ = [
     "PreflightOptions",
     "PreflightReport",
     "RankPlan",
+    "WorldTooLarge",
     "build_options",
     "check_rank",
     "detect_launcher",
@@ -139,7 +152,11 @@ def _spawn(options: PreflightOptions, progress: Progress) -> PreflightReport:
 
     from nemo_rl_shim.cli.launch import spawn_ranks
 
-    plan = plan_ranks(options.nproc, torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    cuda_devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    room = plan_ranks(None, cuda_devices)
+    here = f"this machine can run {room.world_size} {room.device.upper()} ranks"
+    here += f" ({room.note})" if room.note else ""
+    plan = plan_ranks(ranks_for_world(options, room.world_size, here), cuda_devices)
     progress(f"starting {plan.world_size} {plan.device.upper()} ranks (importing Automodel takes ~10 s)...")
     last = [0.0]
 
@@ -198,7 +215,11 @@ def _join(options: PreflightOptions, launcher: Launcher, progress: Progress) -> 
         gathered: list[Any] = [result]
         if dist.is_initialized():
             gathered = [None] * dist.get_world_size()
-            dist.all_gather_object(gathered, result)  # every rank gets every row: one verdict, one exit code
+            try:
+                dist.all_gather_object(gathered, result)  # every rank gets every row: one verdict, one exit code
+            except RuntimeError as e:  # a peer stalled or died, and the default group timed out on it
+                why = f"did not report: the gather timed out or failed ({type(e).__name__})"
+                gathered = [result if r == launcher.rank else {"rank": r, "error": why} for r in range(len(gathered))]
             dist.destroy_process_group()
     finally:
         timer.cancel()
@@ -210,14 +231,31 @@ def _join(options: PreflightOptions, launcher: Launcher, progress: Progress) -> 
 def run_preflight(
     options: PreflightOptions, progress: Progress | None = None, environ: Mapping[str, str] | None = None
 ) -> PreflightReport:
-    """Check ``options`` on Ray actors (``options.ray_address``), on the launcher's world when run
-    under one, or on spawned local ranks."""
+    """Check ``options`` in this process on torch's fake backend (``options.dry_run``), on Ray actors
+    (``options.ray_address``), on the launcher's world when run under one, or on spawned local ranks."""
     progress = progress or (lambda message: None)
+    if options.dry_run:
+        from nemo_rl_shim.cli.dry_run import run_dry
+
+        return run_dry(options, progress)
     if options.ray_address is not None:
         from nemo_rl_shim.cli.ray_preflight import run_on_ray
 
-        return run_on_ray(options, options.ray_address, progress)
+        return _with_hang_report(run_on_ray(options, options.ray_address, progress), options)
     launcher = detect_launcher(environ)
     if launcher is None:
-        return _spawn(options, progress)
-    return _join(options, launcher, progress)
+        return _with_hang_report(_spawn(options, progress), options)
+    report = _join(options, launcher, progress)
+    return _with_hang_report(report, options) if launcher.rank == 0 else report
+
+
+def _with_hang_report(report: PreflightReport, options: PreflightOptions) -> PreflightReport:
+    """A failed run with the Flight Recorder on ends with hang-report's line (``report.facts["hang_report"]``)."""
+    recorder = options.flight_recorder
+    if recorder is None or report.ok:
+        return report
+    from nemo_rl_shim.cli.hang_report import preflight_summary
+
+    hosts = sorted({r["node"]["node_ip"] for r in report.ranks if r.get("node")})
+    report.facts["hang_report"] = preflight_summary(recorder.dump_dir, report.world_size, hosts)
+    return report

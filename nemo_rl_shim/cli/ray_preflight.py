@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nemo_rl_shim.cli._report import PreflightReport, find_problems
-from nemo_rl_shim.cli.options import MIN_RANKS, PreflightOptions
+from nemo_rl_shim.cli.options import MIN_RANKS, PreflightOptions, ranks_for_world
 
 __all__ = ["FAILURE_GRACE_S", "RayPlan", "plan_ray_ranks", "run_on_ray"]
 
@@ -310,7 +310,10 @@ def run_on_ray(options: PreflightOptions, address: str, progress: Progress) -> P
     plan = None
     try:
         ray.init(address=address, namespace=run.tag, log_to_driver=False, logging_level=logging.ERROR)
-        plan = plan_ray_ranks(options.nproc, int(ray.cluster_resources().get("GPU", 0)))
+        gpus = int(ray.cluster_resources().get("GPU", 0))
+        room = plan_ray_ranks(None, gpus)
+        here = f"the Ray cluster can place {room.world_size} ranks ({room.note})"
+        plan = plan_ray_ranks(ranks_for_world(options, room.world_size, here), gpus)
         progress(f"Ray cluster at {address}: {plan.note}; placing {plan.world_size} actors...")
         try:
             if run.place(plan):

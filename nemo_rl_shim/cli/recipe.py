@@ -1,0 +1,240 @@
+"""Read a NeMo RL config as NeMo RL reads it: ``defaults:`` chains, ``_override_``, Hydra overrides, resolvers.
+
+The same libraries and the same rules as ``nemo_rl.utils.config`` (NVIDIA-NeMo/RL at 7ea279abf:
+``load_config_with_inheritance``, ``merge_with_override``, ``parse_hydra_overrides``,
+``register_omegaconf_resolvers``) and as ``examples/run_grpo.py`` calls them: load the file
+with its parents, apply the command-line overrides, then ``OmegaConf.to_container(config,
+resolve=True)``. Our own code, not a copy; what differs is only what happens on bad input:
+
+* ``defaults:`` is one file name or a list of them, each relative to the file that names it
+  (absolute paths are kept). Parents are loaded depth-first and merged in order, so a later
+  parent wins over an earlier one and the file itself wins over all of them.
+* ``_override_: true`` on a *top-level* mapping of a file replaces that section instead of
+  merging into it. As in NeMo RL, the marker is looked for at the top level only: a nested
+  one is merged like any other key (and stays in the result).
+* Mandatory values (``???``) are left for a child or an override to fill; unfilled, they stay
+  ``"???"`` in the result, as NeMo RL's ``to_container`` leaves them.
+* Overrides use hydra-core's own grammar (``OverridesParser``): ``key=value`` changes a key
+  that exists (a missing one is refused, as NeMo RL refuses it, since it sets the config to
+  struct mode first), ``+key=value`` adds a key that is absent, ``++key=value`` adds or
+  changes, ``~key`` (or ``~key=value``) deletes.
+* Resolvers ``add``, ``mul``, ``div``, ``max`` are registered when absent, like NeMo RL's
+  ``register_omegaconf_resolvers``: a resolver of the same name that is already registered
+  is kept, not replaced.
+
+Errors are :class:`RecipeError` (a ``ValueError``), one line naming the file chain or the
+override: a missing parent (``a.yaml -> b.yaml -> missing.yaml: no such file``), a cycle in
+``defaults`` (NeMo RL would recurse until Python's limit), a bad override (quoted), or an
+interpolation that cannot be resolved (its key named).
+
+OmegaConf and Hydra are imported here only, when a config is read: ``import nemo_rl_shim``
+loads neither.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hydra.core.override_parser.types import Override
+    from omegaconf import DictConfig
+
+__all__ = ["RESOLVERS", "RecipeError", "apply_overrides", "load_recipe", "load_recipe_config", "register_resolvers"]
+
+#: NeMo RL's resolvers (``nemo_rl.utils.config.register_omegaconf_resolvers``), by name.
+RESOLVERS: dict[str, Callable[[Any, Any], Any]] = {
+    "add": lambda a, b: a + b,
+    "mul": lambda a, b: a * b,
+    "div": lambda a, b: a / b,
+    "max": lambda a, b: max(a, b),
+}
+
+
+class RecipeError(ValueError):
+    """A NeMo RL config that cannot be read as NeMo RL would read it; the message is one line."""
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0].strip() if text else type(error).__name__
+
+
+def register_resolvers() -> None:
+    """Register NeMo RL's ``add``, ``mul``, ``div`` and ``max`` resolvers, keeping any already registered."""
+    from omegaconf import OmegaConf
+
+    for name, resolver in RESOLVERS.items():
+        if not OmegaConf.has_resolver(name):
+            OmegaConf.register_new_resolver(name, resolver)
+
+
+# --- loading with inheritance ----------------------------------------------------------------
+
+
+def _chain_text(chain: Sequence[Path]) -> str:
+    return " -> ".join(str(path) for path in chain)
+
+
+def _read_file(path: Path, chain: tuple[Path, ...]) -> DictConfig:
+    from omegaconf import DictConfig, OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+    from yaml import YAMLError
+
+    try:
+        config = OmegaConf.load(path)
+    except FileNotFoundError as e:
+        raise RecipeError(f"{_chain_text(chain)}: no such file") from e
+    except OSError as e:
+        raise RecipeError(f"{_chain_text(chain)}: cannot read it: {e.strerror or e}") from e
+    except (YAMLError, OmegaConfBaseException) as e:
+        raise RecipeError(f"{_chain_text(chain)}: not a valid YAML config: {_first_line(e)}") from e
+    if not isinstance(config, DictConfig):
+        raise RecipeError(f"{_chain_text(chain)}: must hold a mapping at the top level, got a {type(config).__name__}")
+    return config
+
+
+def _parents(config: DictConfig, chain: tuple[Path, ...]) -> list[str]:
+    """The file's ``defaults:`` entries (and removes the key), as NeMo RL reads them."""
+    from omegaconf import ListConfig
+
+    defaults = config.pop("defaults")
+    if isinstance(defaults, str):
+        return [defaults]
+    if isinstance(defaults, ListConfig):
+        return [str(entry) for entry in defaults]
+    raise RecipeError(f"{_chain_text(chain)}: defaults must be a file name or a list of file names, got {defaults!r}")
+
+
+def _merge(base: DictConfig, child: DictConfig) -> DictConfig:
+    """``child`` over ``base``; a top-level section of ``child`` marked ``_override_: true`` replaces base's."""
+    from omegaconf import DictConfig, OmegaConf
+
+    for key in list(child.keys()):
+        if OmegaConf.is_missing(child, key):  # "???" stays for a later file or an override to fill
+            continue
+        section = child[key]
+        if isinstance(section, DictConfig) and section.get("_override_", False):
+            section.pop("_override_")
+            if key in base:
+                base.pop(key)
+    merged = OmegaConf.merge(base, child)
+    assert isinstance(merged, DictConfig)
+    return merged
+
+
+def _load_tree(path: Path, chain: tuple[Path, ...]) -> DictConfig:
+    """``path`` with its parents merged in, depth-first; ``chain`` is the files that led here, ``path`` last."""
+    from omegaconf import OmegaConf
+
+    seen = [p.resolve() for p in chain[:-1]]
+    if path.resolve() in seen:
+        start = seen.index(path.resolve())
+        raise RecipeError(f"cycle in defaults: {_chain_text(chain[start:])}")
+    config = _read_file(path, chain)
+    if "defaults" not in config:
+        return config
+    base = OmegaConf.create({})
+    for name in _parents(config, chain):
+        parent = Path(name) if name.startswith("/") else path.parent / name
+        base = _merge(base, _load_tree(parent, (*chain, parent)))
+    return _merge(base, config)
+
+
+# --- overrides -------------------------------------------------------------------------------
+
+
+def _apply_one(config: DictConfig, override: Override) -> None:
+    """One parsed override, with the rules of Hydra's ``ConfigLoaderImpl._apply_overrides_to_config``."""
+    from omegaconf import OmegaConf, open_dict
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+
+    line = override.input_line
+    key = override.key_or_group
+    if override.package is not None:
+        raise RecipeError(f"override {line!r}: '@package' selects a config group, and a NeMo RL config has none")
+    if override.is_sweep_override():
+        raise RecipeError(f"override {line!r}: a sweep gives several values, a run takes one")
+    value = override.value()
+    if override.is_delete():
+        current = OmegaConf.select(config, key, throw_on_missing=False)
+        if current is None:
+            raise RecipeError(f"override {line!r}: cannot delete {key}: it is not in the config (or is null)")
+        if value is not None and value != current:
+            raise RecipeError(f"override {line!r}: cannot delete {key}: its value is {current!r}, not {value!r}")
+        parent_key, _, leaf = key.rpartition(".")
+        with open_dict(config):
+            parent = OmegaConf.select(config, parent_key) if parent_key else config
+            del parent[leaf]
+    elif override.is_add():
+        current = OmegaConf.select(config, key, throw_on_missing=False)
+        if current is not None and not isinstance(value, (dict, list)):
+            raise RecipeError(
+                f"override {line!r}: {key} is already set ({current!r}): drop the '+' to change it, "
+                f"or use '+{line}' to add or change it"
+            )
+        OmegaConf.update(config, key, value, merge=True, force_add=True)
+    elif override.is_force_add():
+        OmegaConf.update(config, key, value, merge=True, force_add=True)
+    else:
+        try:
+            OmegaConf.update(config, key, value, merge=True)
+        except (ConfigAttributeError, ConfigKeyError) as e:
+            raise RecipeError(
+                f"override {line!r}: {key} is not in the config, and NeMo RL refuses to set a missing key: "
+                f"add it with '+{line}'"
+            ) from e
+
+
+def apply_overrides(config: DictConfig, overrides: Sequence[str]) -> DictConfig:
+    """Apply Hydra command-line overrides to ``config`` in place (struct mode on, as NeMo RL sets it)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    OmegaConf.set_struct(config, True)
+    parser = OverridesParser.create()
+    for line in overrides:
+        try:
+            parsed = parser.parse_override(line)
+        except HydraException as e:
+            raise RecipeError(f"override {line!r}: not a Hydra override (key=value, +key=value, ++key=value, ~key): "
+                              f"{_first_line(e)}") from e  # fmt: skip
+        try:
+            _apply_one(config, parsed)
+        except OmegaConfBaseException as e:
+            raise RecipeError(f"override {line!r}: {_first_line(e)}") from e
+    return config
+
+
+# --- the whole read --------------------------------------------------------------------------
+
+
+def load_recipe_config(path: str | Path, overrides: Sequence[str] = ()) -> DictConfig:
+    """The unresolved OmegaConf config: ``path`` with its ``defaults`` chain, then ``overrides``."""
+    path = Path(path)
+    config = _load_tree(path, (path,))
+    if overrides:
+        apply_overrides(config, list(overrides))
+    return config
+
+
+def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """The config NeMo RL's ``examples/run_*.py`` would train with, as a plain dict with every interpolation resolved.
+
+    Raises :class:`RecipeError` (one line naming the file chain, the override or the key) on bad input.
+    """
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    register_resolvers()
+    config = load_recipe_config(path, overrides)
+    try:
+        resolved = OmegaConf.to_container(config, resolve=True)
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None) or "?"
+        raise RecipeError(f"{path}: cannot resolve {key}: {_first_line(e)}") from e
+    assert isinstance(resolved, dict)
+    return {str(k): v for k, v in resolved.items()}

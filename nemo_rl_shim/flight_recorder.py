@@ -1,0 +1,292 @@
+"""torch's Flight Recorder, switched on from ``automodel_cfg.flight_recorder``, and a dump when a collective times out.
+
+With the recorder on, every rank keeps its last ``buffer_size`` collectives (group, op, sizes,
+sequence number, when it entered) and writes them to ``<dump_dir>/fr_trace_rank_<rank>`` when a
+collective times out. ``nemo-rl-shim hang-report DIR`` reads every rank's file and names the rank
+that did not join.
+
+* :func:`configure` sets torch's variables before ``init_process_group`` (``setup_distributed``
+  calls it), never one the user set: ``TORCH_FR_BUFFER_SIZE``, ``TORCH_FR_DUMP_TEMP_FILE`` and
+  ``TORCH_NCCL_DUMP_ON_TIMEOUT`` (and the older names torch 2.9-2.11 also read,
+  ``TORCH_NCCL_TRACE_BUFFER_SIZE``, ``TORCH_NCCL_DEBUG_INFO_TEMP_FILE``; torch 2.15 also reads
+  ``TORCH_FR_DUMP_ON_TIMEOUT``). A variable of a pair that the user set keeps the pair as it is.
+  Off (the default) sets nothing: torch's own default stands (torch 2.11 and later record 2,000
+  entries per rank anyway, Gloo's included; torch 2.9 and 2.10 record nothing), and nothing dumps.
+* Under NCCL, torch's watchdog writes the dump itself on a timeout, to the same file name.
+* Under Gloo torch writes nothing. The shim dumps where it runs collectives (the barrier
+  before changing timeouts in :mod:`nemo_rl_shim.timeouts`; preflight's checks) through
+  :func:`dump_on_timeout`, which a training loop can use the same way. The rank that caught the
+  error also asks its peers, through the default group's store, to dump too: each rank runs a
+  small watcher thread (:func:`record_groups` starts it) that dumps when asked, so a rank stuck
+  outside any collective still leaves its file.
+* Each dump is torch's own format (the pickle ``_dump_fr_trace`` returns, as NCCL's watchdog
+  writes it), with two keys added: ``rank`` and ``nemo_rl_shim`` (the world size, the reason,
+  the dump time, and the map from process-group name, as it appears in the trace entries, to the
+  mesh axes and ranks of that group). Where Gloo leaves ``pg_config`` keyed by an empty name,
+  it is filled from the same map, so that torch's own analyzer can match the groups. Beside each
+  dump, ``fr_groups_rank_<rank>.json`` holds the map from set-up on, for NCCL dumps that torch
+  writes without it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pickle
+import threading
+import time
+import warnings
+from collections.abc import Iterator, Mapping, MutableMapping
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+import torch.distributed as dist
+
+from nemo_rl_shim.config import FlightRecorderSettings
+from nemo_rl_shim.groups import group_backends, named_groups
+
+__all__ = [
+    "DUMP_FILE_NAME",
+    "ENV_PAIRS",
+    "PEER_DUMP_WAIT_S",
+    "SIDECAR_NAME",
+    "configure",
+    "dump_now",
+    "dump_on_timeout",
+    "dump_path",
+    "group_map",
+    "is_enabled",
+    "record_groups",
+    "request_peer_dumps",
+]
+
+#: Dump file name before the rank (torch's default is ``/tmp/nccl_trace_rank_``).
+DUMP_FILE_NAME = "fr_trace_rank_"
+#: The group map beside each dump; its name does not contain :data:`DUMP_FILE_NAME`, so torch's loader skips it.
+SIDECAR_NAME = "fr_groups_rank_{rank}.json"
+#: torch's variable names, newest first: setting the first when none of the pair is set.
+ENV_PAIRS: dict[str, tuple[str, ...]] = {
+    "buffer_size": ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"),
+    "dump_file": ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"),
+    "dump_on_timeout": ("TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_FR_DUMP_ON_TIMEOUT"),
+}
+_TORCH_DEFAULT_PREFIX = "/tmp/nccl_trace_rank_"
+#: The default store key through which the first rank to time out asks every rank to dump.
+_SIGNAL_KEY = "nemo_rl_shim/flight_recorder/dump"
+_ANSWER_KEY = "nemo_rl_shim/flight_recorder/dumped"
+_POLL_S = 0.5
+#: How long the rank that asked waits for every rank's watcher to answer.
+PEER_DUMP_WAIT_S = 5.0
+
+
+class _State:
+    settings: FlightRecorderSettings | None = None
+    groups: ClassVar[dict[str, dict[str, Any]]] = {}
+    generation = 0
+    lock = threading.Lock()
+
+
+def is_enabled() -> bool:
+    """Whether :func:`configure` switched the recorder on in this process."""
+    return _State.settings is not None
+
+
+def configure(settings: FlightRecorderSettings, environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
+    """Set torch's recorder variables for ``settings`` where the user set neither name; return what was set.
+
+    Call before the first process group exists: torch reads the buffer size when it makes the recorder.
+    """
+    env = os.environ if environ is None else environ
+    wanted = {
+        "buffer_size": str(settings.buffer_size),
+        "dump_file": str(Path(settings.dump_dir) / DUMP_FILE_NAME),
+        "dump_on_timeout": "1",
+    }
+    applied = {}
+    for what, names in ENV_PAIRS.items():
+        if not any(name in env for name in names):
+            env[names[0]] = applied[names[0]] = wanted[what]
+    _State.settings = settings
+    return applied
+
+
+def dump_path(rank: int, environ: Mapping[str, str] | None = None) -> Path:
+    """Where rank ``rank``'s dump goes: the dump-file prefix in effect (the user's, the shim's, or torch's) + rank."""
+    env = os.environ if environ is None else environ
+    prefix = next((env[name] for name in ENV_PAIRS["dump_file"] if env.get(name)), _TORCH_DEFAULT_PREFIX)
+    return Path(f"{prefix}{rank}")
+
+
+def group_map(device_mesh: Any, moe_mesh: Any = None) -> dict[str, dict[str, Any]]:
+    """``{process-group name: {"axes": [...], "ranks": [...], "desc": ..., "backends": {...}}}`` for this rank.
+
+    The name is the one torch writes in each trace entry (``process_group[0]``); the axes are the
+    names :func:`nemo_rl_shim.groups.named_groups` gives that group (``default``, ``dp_shard``, ...).
+    """
+    found: dict[str, dict[str, Any]] = {}
+    for axis, group in named_groups(device_mesh, moe_mesh).items():
+        name = str(group.group_name)
+        if name not in found:
+            found[name] = {
+                "axes": [],
+                "ranks": dist.get_process_group_ranks(group),
+                "desc": str(getattr(group, "group_desc", "")),
+                "backends": group_backends(group),
+            }
+        found[name]["axes"].append(axis)
+    return found
+
+
+def record_groups(context: Any) -> None:
+    """Remember this rank's group map, write it beside the dump, clear a stale dump, and start the dump watcher.
+
+    ``setup_distributed`` calls it once the meshes exist. Does nothing while the recorder is off.
+    """
+    if _State.settings is None:
+        return
+    rank, world = dist.get_rank(), dist.get_world_size()
+    with _State.lock:
+        _State.groups = group_map(context.device_mesh, context.moe_mesh)
+        _State.generation += 1
+        generation = _State.generation
+    gloo = "gloo" in group_backends(dist.group.WORLD).values()
+    # Gloo's groups enter the recorder as they are made (NCCL's only with their first collective): none there
+    # means torch made its recorder, with no buffer, before configure() set the size.
+    if gloo and not pickle.loads(torch._C._distributed_c10d._dump_fr_trace()).get("pg_config"):
+        warnings.warn(
+            "the Flight Recorder records nothing in this process: torch made it before TORCH_FR_BUFFER_SIZE was set "
+            "(a process group existed before setup_distributed); set TORCH_FR_BUFFER_SIZE before the process starts",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    path = dump_path(rank)
+    path.unlink(missing_ok=True)  # a dump from an earlier run must not be read as this one's
+    sidecar = path.parent / SIDECAR_NAME.format(rank=rank)
+    facts = {"rank": rank, "world_size": world, "groups": _State.groups, "set_up_ns": time.time_ns()}
+    _write_atomically(sidecar, json.dumps(facts, indent=1).encode())
+    if gloo:
+        threading.Thread(target=_watch, args=(generation,), name="nemo-rl-shim-fr-watcher", daemon=True).start()
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_bytes(data)
+    os.replace(partial, path)
+
+
+def _trace() -> dict[str, Any]:
+    """This rank's recorder as torch dumps it; the NCCL recorder's entries joined in where there is one."""
+    c10d = torch._C._distributed_c10d
+    trace = pickle.loads(c10d._dump_fr_trace())
+    if torch.cuda.is_available() and hasattr(c10d, "_dump_nccl_trace"):
+        with contextlib.suppress(Exception):  # no NCCL group, or a build without NCCL
+            nccl = pickle.loads(c10d._dump_nccl_trace())
+            trace["entries"] = sorted(
+                [*trace.get("entries", []), *nccl.get("entries", [])], key=lambda e: e.get("time_created_ns", 0)
+            )
+            trace["pg_config"] = {**trace.get("pg_config", {}), **nccl.get("pg_config", {})}
+            trace["pg_status"] = {**trace.get("pg_status", {}), **nccl.get("pg_status", {})}
+    return trace
+
+
+def _repair_pg_config(trace: dict[str, Any], groups: Mapping[str, Mapping[str, Any]]) -> None:
+    """Gloo's ``pg_config`` holds one group under an empty name; key it by each group's name instead."""
+    config = trace.get("pg_config") or {}
+    if groups and (not config or "" in config):
+        trace["pg_config"] = {
+            name: {"name": name, "desc": facts["desc"], "ranks": str(facts["ranks"])} for name, facts in groups.items()
+        }
+
+
+def dump_now(reason: str, *, overwrite: bool = True) -> Path | None:
+    """Write this rank's dump now (torch's pickle, plus ``rank`` and ``nemo_rl_shim``); return its path.
+
+    None when the recorder is off, or when ``overwrite`` is false and the file exists (torch's own
+    NCCL dump, or an earlier timeout's: the first one is the telling one).
+    """
+    if _State.settings is None or not dist.is_initialized():
+        return None
+    rank = dist.get_rank()
+    path = dump_path(rank)
+    if not overwrite and path.exists():
+        return None
+    trace = _trace()
+    as_torch_wrote_it = trace.get("pg_config")
+    _repair_pg_config(trace, _State.groups)
+    trace["rank"] = rank
+    trace["nemo_rl_shim"] = {
+        "rank": rank,
+        "world_size": dist.get_world_size(),
+        "reason": reason,
+        "dump_time_ns": time.time_ns(),
+        "groups": _State.groups,
+        "writer": "nemo_rl_shim",
+        "torch_pg_config": as_torch_wrote_it,  # before the repair, for comparing torch's analyzer on both
+    }
+    _write_atomically(path, pickle.dumps(trace))
+    return path
+
+
+def request_peer_dumps(reason: str, wait_s: float = PEER_DUMP_WAIT_S) -> int:
+    """Ask every rank's watcher, through the default store, to dump now; return how many have.
+
+    The first request stands. Its maker waits up to ``wait_s`` for every rank's watcher to answer,
+    so that it does not end (rank 0 serves the store) before the others have read the request; a
+    dead rank never answers, and costs the full wait.
+    """
+    if _State.settings is None or not dist.is_initialized():
+        return 0
+    try:  # a broken store must not hide the error being reported
+        store = dist.distributed_c10d._get_default_store()
+        request = json.dumps({"rank": dist.get_rank(), "reason": reason})
+        stored = store.compare_set(_SIGNAL_KEY, "", request)
+        if (stored.decode() if isinstance(stored, bytes) else stored) != request:
+            return 0  # another rank asked first, and waits
+        end = time.monotonic() + wait_s
+        while (answered := int(store.add(_ANSWER_KEY, 0))) < dist.get_world_size() and time.monotonic() < end:
+            time.sleep(0.1)
+        return answered
+    except Exception:
+        return 0
+
+
+def _watch(generation: int) -> None:
+    """Dump when a peer asks (see :func:`request_peer_dumps`); end with the group or a newer set-up."""
+    while _State.generation == generation and dist.is_initialized():
+        try:
+            store = dist.distributed_c10d._get_default_store()
+            if store.check([_SIGNAL_KEY]):
+                asked = json.loads(store.get(_SIGNAL_KEY))
+                dump_now(f"rank {asked['rank']} asked: {asked['reason']}", overwrite=False)
+                store.add(_ANSWER_KEY, 1)
+                return
+        except Exception:  # the store went with the group (rank 0 ended): nothing left to watch
+            return
+        time.sleep(_POLL_S)
+
+
+@contextlib.contextmanager
+def dump_on_timeout(what: str) -> Iterator[None]:
+    """Around collectives: on a torch.distributed error (a timeout, a peer gone), dump this rank, ask the
+    others to dump, and re-raise. ``what`` names the place in the dump's reason.
+
+    Usage in a training loop::
+
+        with dump_on_timeout("train step"):
+            loss = train_step(batch)
+
+    Does nothing while the recorder is off. Under NCCL torch dumps on a timeout by itself; an existing
+    dump of this rank is never overwritten here.
+    """
+    try:
+        yield
+    except RuntimeError as error:  # DistBackendError and Gloo's timeouts are RuntimeErrors
+        if _State.settings is not None:
+            lines = str(error).strip().splitlines()
+            reason = f"{what}: {type(error).__name__}: {lines[0] if lines else ''}"[:500]
+            dump_now(reason, overwrite=False)
+            request_peer_dumps(reason)
+        raise

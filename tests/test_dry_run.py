@@ -1,0 +1,258 @@
+"""``nemo-rl-shim preflight --dry-run``: the training world checked rank by rank in this process.
+
+Everything runs in the test process, through the real command (:func:`nemo_rl_shim.cli.main`)
+and the real set-up path: the shim's validation and decision, the workaround layers and the
+installed nemo-automodel's ``MeshContext.build`` (0.7.0 here and on the torch-2.11/2.10 lanes,
+0.5.0 on the torch-2.9 lane). What stands in is the boundary this machine lacks: GPUs, NCCL and
+a rendezvous, as :mod:`nemo_rl_shim.cli._fake_world` describes (torch's own fake backend).
+
+The seed case: a CPU-offload config at 45 minutes on a 16-rank world with tensor, context and
+expert parallelism. Without the patch, the decision keeps the timeout off the mesh sub-groups
+and the dry run fails naming them; with it, every group has 45 minutes on both halves.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed import device_mesh
+from torch.distributed import distributed_c10d as c10d
+
+import automodel_patch
+from nemo_rl_shim.cli import main
+from nemo_rl_shim.cli.dry_run import ALL_RANKS_UP_TO, group_shape
+
+pytestmark = pytest.mark.skipif(
+    automodel_patch.installed_version() is None, reason="nemo-automodel is not installed (the automodel extra)"
+)
+
+CONFIG = """\
+policy:
+  dtensor_cfg:
+    cpu_offload: true
+    tensor_parallel_size: 2
+    context_parallel_size: 2
+    expert_parallel_size: 4
+  automodel_cfg:
+    distributed_timeout_minutes: 45
+cluster:
+  num_nodes: 2
+  gpus_per_node: 8
+"""
+WORLD = 16
+#: Groups each rank holds: default, the 5 mesh axes (pp, dp_replicate, dp_shard, cp, tp), the
+#: flattened dp, dp_cp and dp_shard_cp (dp_replicate_dp_shard_cp_tp spans the world and reuses
+#: the default group), and the MoE mesh's ep_shard and ep.
+GROUPS_PER_RANK = 11
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp("dry_run") / "offload.yaml"
+    path.write_text(CONFIG)
+    return str(path)
+
+
+def _state() -> dict[str, Any]:
+    """Everything global a dry run touches, as it is now."""
+    backend = dist.Backend
+    layers = automodel_patch.active()  # first: it imports Automodel, whose imports register torch's fake backend
+    return {
+        "registry": {
+            name: repr(getattr(backend, name))
+            for name in ("_plugins", "backend_list", "backend_capability", "backend_type_map")
+        },
+        "default_device_backend_map": dict(backend.default_device_backend_map),
+        "FAKE": backend.__dict__.get("FAKE"),
+        "ProcessGroup": c10d.ProcessGroup,
+        "helper": c10d._new_process_group_helper,
+        "init_process_group": dist.init_process_group,
+        "cuda": [getattr(torch.cuda, n) for n in ("is_available", "is_initialized", "device_count", "set_device")],
+        "mesh_resources": getattr(device_mesh, "_mesh_resources", None),
+        "env": dict(os.environ),
+        "layers": layers,
+        "initialized": dist.is_initialized(),
+    }
+
+
+def _run(capfd: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict[str, Any] | str, str]:
+    code = main(["preflight", "--dry-run", *argv])
+    out, err = capfd.readouterr()
+    return code, json.loads(out) if "--json" in argv else out, err
+
+
+def _all_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
+    return [row for rank in report["ranks"] for row in rank["rows"]]
+
+
+def test_seed_without_patch_fails_naming_the_sub_groups(config: str, capfd: pytest.CaptureFixture[str]) -> None:
+    before = _state()
+    code, report, err = _run(capfd, "--config", config, "--json", "--no-patch")
+    assert code == 1, err[-3000:]
+    assert report["decision"]["action"] == "not_forwarded"
+    assert report["world_size"] == WORLD and report["launcher"] == "dry run"
+    line = next(line for line in err.splitlines() if "FAILED" in line)
+    assert "cpu:gloo,cuda:nccl has 30 min, configured 45 min" in line, line
+    for axis in ("dp_shard", "cp", "tp", "moe.ep"):
+        assert axis in line.split(":")[2], line
+    default = [row for row in _all_rows(report) if row["is_default"]]
+    assert default and all(row["timeout_minutes"] == {"cpu": 45.0, "cuda": 45.0} for row in default)
+    assert _state() == before
+
+
+def test_seed_with_patch_passes_every_group_45_minutes_both_halves(
+    config: str, capfd: pytest.CaptureFixture[str]
+) -> None:
+    before = _state()
+    code, report, err = _run(capfd, "--config", config, "--json")
+    assert code == 0, err[-3000:]
+    assert report["ok"] and report["problem"] is None
+    assert report["decision"]["action"] in ("patch_and_forward", "forward")
+    assert report["training_world"] == WORLD and "cluster.num_nodes 2" in report["training_world_source"]
+    assert sorted(int(r) for r in report["dry_run"]["checked_ranks"]) == list(range(WORLD))
+    for rank in report["ranks"]:
+        assert rank["process_groups"] == len(rank["groups"]) == GROUPS_PER_RANK, rank["rank"]
+        recorded = {tuple(group["ranks"]) for group in rank["groups"]}
+        assert {tuple(row["ranks"]) for row in rank["rows"]} <= recorded  # every named group was recorded
+        for group in rank["groups"]:
+            assert rank["rank"] in group["ranks"]
+            assert group["backends"] == {"cuda": "nccl", "cpu": "gloo"}, group
+            assert group["timeout_minutes"] == {"cuda": 45.0, "cpu": 45.0}, group
+        for row in rank["rows"]:  # the same shape as preflight's rows
+            assert row["backends"] == {"cpu": "gloo", "cuda": "nccl"}, row
+            assert row["timeout_minutes"] == {"cpu": 45.0, "cuda": 45.0}, row
+            assert row["cpu_all_reduce"] == row["cuda_all_reduce"] == "not run (dry run)"
+        assert rank["offload"] is None and rank["device"] == "cuda"
+        assert rank["default_backend"] == "cuda:nccl,cpu:gloo"
+    assert report["dry_run"]["process_groups"] == {str(r): GROUPS_PER_RANK for r in range(WORLD)}
+    assert _state() == before
+
+
+def test_table_says_what_was_checked(config: str, capfd: pytest.CaptureFixture[str]) -> None:
+    code, text, err = _run(capfd, "--config", config)
+    assert code == 0, err[-3000:]
+    assert f"preflight: {WORLD} ranks (dry run), policy section" in text
+    assert f"checked ranks: all {WORLD}\n" in text
+    assert f"process groups per rank (= NCCL communicators it will hold): {GROUPS_PER_RANK} on ranks" in text
+    assert "not run (dry run)" in text and "CPU offload: full_tensor() check not run (dry run)" in text
+    assert "OK: every group carries the configured timeout on every backend (dry run" in text
+
+
+def test_steady_timeout_after_init_on_every_group(config: str, capfd: pytest.CaptureFixture[str]) -> None:
+    code, report, err = _run(capfd, "--config", config, "--json", "--timeout-minutes-after-init", "10")
+    assert code == 0, err[-3000:]
+    for rank in report["ranks"]:
+        for group in [*rank["rows"], *rank["groups"]]:
+            assert group["timeout_minutes"] == {"cpu": 45.0, "cuda": 45.0}, group
+            assert group["timeout_minutes_after_init"] == {"cpu": 10.0, "cuda": 10.0}, group
+
+
+def test_sample_covers_every_group_shape_of_the_full_world(config: str, capfd: pytest.CaptureFixture[str]) -> None:
+    world = 2 * ALL_RANKS_UP_TO  # above the all-ranks limit: a sample
+    flags = ["--config", config, "--json", "--world", str(world), "++policy.dtensor_cfg.dp_replicate_size=2"]
+    code, sample, err = _run(capfd, *flags)
+    assert code == 0, err[-3000:]
+    code, full, err = _run(capfd, *flags, "--ranks", "all")
+    assert code == 0, err[-3000:]
+    checked = sorted(int(r) for r in sample["dry_run"]["checked_ranks"])
+    assert 0 in checked and world - 1 in checked and len(checked) < world // 4, checked
+    assert len(full["ranks"]) == world
+    shapes = [{group_shape(row["group"], row["ranks"]) for row in _all_rows(report)} for report in (sample, full)]
+    assert shapes[0] == shapes[1]
+    names = {row["group"] for row in _all_rows(full)}
+    assert {"dp_replicate", "dp_shard", "cp", "tp", "moe.ep"} <= names
+    counts = {rank["process_groups"] for rank in full["ranks"]}
+    assert counts == {rank["process_groups"] for rank in sample["ranks"]}
+
+
+def test_default_world_is_nproc_or_two(capfd: pytest.CaptureFixture[str]) -> None:
+    code, text, err = _run(capfd)
+    assert code == 0, err[-3000:]
+    assert "training world: 2 ranks, from the default of 2 ranks (no training world" in text
+    code, report, err = _run(capfd, "--nproc", "4", "--json")
+    assert code == 0 and report["world_size"] == 4, err[-3000:]
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--world", "10"], "is not divisible by tensor_parallel_size 2 x context_parallel_size 2"),
+        (["--world", "1", "~policy.dtensor_cfg.tensor_parallel_size", "~policy.dtensor_cfg.context_parallel_size",
+          "~policy.dtensor_cfg.expert_parallel_size"], "policy.dtensor_cfg.cpu_offload is true on a world of 1 rank"),
+        (["--world", "16", "++policy.dtensor_cfg.dp_replicate_size=3"], "policy.dtensor_cfg.dp_replicate_size must"),
+    ],
+    ids=["not-divisible", "offload-on-one-rank", "hsdp"],
+)  # fmt: skip
+def test_bad_layout_is_bad_input(
+    config: str, capfd: pytest.CaptureFixture[str], argv: list[str], expected: str
+) -> None:
+    before = _state()
+    code, out, err = _run(capfd, "--config", config, *argv)
+    assert code == 2, err[-3000:]
+    assert out == "" or "preflight:" not in out
+    assert expected in err, err[-3000:]
+    assert _state() == before
+
+
+def test_layers_applied_before_stay_applied(config: str, capfd: pytest.CaptureFixture[str]) -> None:
+    if automodel_patch.detect("keep-cpu-backend").verdict is not automodel_patch.Verdict.NEEDED:
+        pytest.skip(f"keep-cpu-backend is not needed on nemo-automodel {automodel_patch.installed_version()}")
+    automodel_patch.apply("keep-cpu-backend")
+    try:
+        before = _state()
+        code, report, err = _run(capfd, "--config", config, "--json", "--no-patch")
+        assert code == 0, err[-3000:]  # the fork fix is in force: the decision forwards the timeout
+        assert report["decision"]["action"] == "forward"
+        assert _state() == before
+    finally:
+        automodel_patch.revert("keep-cpu-backend")
+
+
+def test_a_lost_cpu_half_is_found(config: str, capfd: pytest.CaptureFixture[str], monkeypatch) -> None:
+    """NeMo RL without the shim: the timeout forwarded to the genuine ``MeshContext.build`` under CPU offload."""
+    from nemo_rl_shim import distributed_setup
+    from nemo_rl_shim.decision import Action, Decision
+
+    def forward_as_upstream(timeout_minutes: float | None, *, cpu_offload: bool, **kwargs: Any) -> Decision:
+        return Decision(Action.FORWARD, timeout_minutes, cpu_offload, "forwarded as NeMo RL does, no workaround")
+
+    monkeypatch.setattr(distributed_setup, "decide", forward_as_upstream)
+    code, report, err = _run(capfd, "--config", config, "--json", "--world", "8")
+    assert code == 1, err[-3000:]
+    assert "no CPU backend under CPU offload (backends cuda:nccl)" in report["problem"], report["problem"]
+    lost = {row["group"] for row in _all_rows(report) if row["backends"] == {"cuda": "nccl"}}
+    assert {"dp_shard", "tp"} <= lost, lost  # and moe.ep from 0.6.0 (0.5.0 passes the MoE axes no override)
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--ranks", "all"], "--ranks chooses the ranks of a dry run: add --dry-run"),
+        (["--dry-run", "--ray", "auto"], "--dry-run checks the world in this process, --ray on a cluster"),
+    ],
+    ids=["ranks-without-dry-run", "dry-run-with-ray"],
+)
+def test_flags_that_do_not_go_together_are_bad_input(
+    config: str, capfd: pytest.CaptureFixture[str], argv: list[str], expected: str
+) -> None:
+    code = main(["preflight", "--config", config, *argv])
+    out, err = capfd.readouterr()
+    assert (code, out) == (2, ""), err[-3000:]
+    assert expected in err, err
+
+
+def test_flight_recorder_is_off_in_a_dry_run_and_nothing_is_written(
+    config: str, capfd: pytest.CaptureFixture[str], tmp_path
+) -> None:
+    dump_dir = tmp_path / "fr"
+    before = _state()
+    code, report, err = _run(capfd, "--config", config, "--json", "--world", "8", "--flight-recorder", str(dump_dir))
+    assert code == 0, err[-3000:]
+    assert report["section"]["automodel_cfg"]["flight_recorder"]["enabled"] is True  # what the real run will do
+    assert not dump_dir.exists() or not any(dump_dir.iterdir()), sorted(p.name for p in dump_dir.iterdir())
+    assert _state() == before

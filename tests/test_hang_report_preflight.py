@@ -1,0 +1,104 @@
+"""``preflight --flight-recorder DIR --stall-rank 1`` ends with hang-report's line naming rank 1 and the collective.
+
+Two real runs of the command at once (one module fixture, so that they share the wait): spawned
+local ranks, and ``torchrun`` with two ranks. Rank 1 sleeps an hour after set-up (fault injection);
+rank 0's first all-reduce times out after the start-up timeout (0.2 min: the rendezvous runs under
+it too, and ranks on busy cores arrive seconds apart), rank 0 dumps and asks rank 1's watcher to
+dump. Spawned, the run ends at ``--timeout-s``; under torchrun, rank 0 reports once its gather
+times out. Either way the text report's last line and the last line on stderr are hang-report's.
+The Ray run is in tests/ray_scenarios.py.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.multiprocess
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+#: --timeout-s: set-up of two ranks (10-40 s on 2 busy cores, once over 60 s under a load of 11) and the 12 s
+#: timeout fit; the spawned run lasts this long (the stalled rank sleeps until it is killed).
+TIMEOUT_S = 90
+BOUND_S = TIMEOUT_S + 60  # the subprocess bound: the run, plus imports, plus the 5 s hang-report wait
+STALL = ["--stall-rank", "1", "--stall-s", "3600", "--timeout-minutes", "0.2", "--timeout-s", str(TIMEOUT_S)]
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TORCHELASTIC_"))}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    return {**env, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, dict[str, Any]]:
+    base = tmp_path_factory.mktemp("hang-preflight")
+    from nemo_rl_shim.cli.launch import free_port
+
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                "--master-addr", "127.0.0.1", "--master-port", str(free_port())]  # fmt: skip
+    commands = {
+        "spawn": [sys.executable, "-m", "nemo_rl_shim", "preflight", *STALL],
+        "torchrun": [*torchrun, "-m", "nemo_rl_shim", "preflight", *STALL],
+    }
+    started, processes = {}, {}
+    for name, command in commands.items():
+        dump_dir = base / name
+        started[name] = time.monotonic()
+        processes[name] = subprocess.Popen(
+            [*command, "--flight-recorder", str(dump_dir)],
+            cwd=REPO_ROOT,
+            env=_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    facts = {}
+    try:
+        for name, process in processes.items():
+            out, err = process.communicate(timeout=max(1.0, BOUND_S - (time.monotonic() - started[name])))
+            facts[name] = {
+                "rc": process.returncode,
+                "out": out,
+                "err": err,
+                "wall_s": time.monotonic() - started[name],
+                "dir": base / name,
+            }
+    finally:
+        for process in processes.values():
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    return facts
+
+
+@pytest.mark.parametrize("launcher", ["spawn", "torchrun"])
+def test_preflight_ends_with_the_hang_report_line(runs, launcher: str, record_property) -> None:
+    run = runs[launcher]
+    record_property("wall_s", round(run["wall_s"], 1))
+    print(f"\n{launcher}: exit {run['rc']} after {run['wall_s']:.1f} s")
+    assert run["rc"] != 0, run["out"]
+    report = [line for line in run["out"].splitlines() if line.strip()]
+    assert report, f"no report on stdout; stderr:\n{run['err'][-3000:]}"
+    last = report[-1]
+    assert last.startswith(f"hang report (dumps in {run['dir']}): rank 1 did not enter all_reduce #"), (
+        f"{last}\n--- stderr:\n{run['err'][-3000:]}"
+    )
+    assert "on default" in last and "ranks 0-1, in which rank 0 waited" in last, last
+    err = [line for line in run["err"].splitlines() if line.startswith("preflight: hang report")]
+    assert err and err[-1] == f"preflight: {last}", err
+
+
+def test_rank_1_dumped_while_stalled(runs) -> None:
+    import pickle
+
+    for name, run in runs.items():
+        dump = pickle.loads((run["dir"] / "fr_trace_rank_1").read_bytes())
+        assert dump["nemo_rl_shim"]["reason"].startswith("rank 0 asked: preflight cpu all_reduce"), (name, dump)

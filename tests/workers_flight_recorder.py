@@ -1,0 +1,137 @@
+"""Rank functions for tests/test_flight_recorder.py: real stalls with the Flight Recorder on, on real Gloo ranks.
+
+Each function runs on every rank started by :func:`nemo_rl_shim.cli.launch.spawn_ranks`, goes
+through the real ``setup_distributed`` with ``automodel_cfg.flight_recorder`` on, makes one fault
+happen, and returns what it saw; the dumps land in ``params["dump_dir"]``. The stalled rank never
+enters the collective and sleeps in Python: its dump comes from the shim's watcher thread, asked
+through the store by the rank that timed out. Ranks meet at the end through the default group's
+store, not a process group (a timed-out Gloo group stays broken).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from nemo_rl_shim import flight_recorder
+from nemo_rl_shim.distributed_setup import RuntimeConfig, setup_distributed
+from nemo_rl_shim.groups import named_groups
+from nemo_rl_shim.timeouts import after_first_step
+
+__all__ = ["SCENARIOS", "run_scenario"]
+
+_STORE_WAIT_S = 60
+_DUMP_WAIT_S = 20
+
+
+def _section(params: dict[str, Any]) -> dict[str, Any]:
+    automodel = {
+        "distributed_timeout_minutes": params["startup"],
+        "flight_recorder": {"enabled": True, "dump_dir": params["dump_dir"], "buffer_size": 200},
+    }
+    if params.get("steady") is not None:
+        automodel["distributed_timeout_minutes_after_init"] = params["steady"]
+    return {"automodel_cfg": automodel, "dtensor_cfg": {"tensor_parallel_size": params.get("tp", 1)}}
+
+
+def _wait_for_own_dump(timeout_s: float = _DUMP_WAIT_S) -> bool:
+    path = flight_recorder.dump_path(dist.get_rank())
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if path.exists():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _meet(key: str) -> None:
+    """Every rank reports to the default store; rank 0, which serves it, leaves only once all have."""
+    store = dist.distributed_c10d._get_default_store()
+    store.add(key, 1)
+    end = time.monotonic() + _STORE_WAIT_S
+    while dist.get_rank() == 0 and int(store.add(key, 0)) < dist.get_world_size() and time.monotonic() < end:
+        time.sleep(0.05)
+
+
+def _collective(what: str, run: Any) -> dict[str, Any]:
+    start = time.monotonic()
+    try:
+        with flight_recorder.dump_on_timeout(what):
+            run()
+    except RuntimeError as error:
+        return {"outcome": "raised", "error": str(error)[:300], "seconds": time.monotonic() - start}
+    return {"outcome": "completed", "seconds": time.monotonic() - start}
+
+
+def _stall_then_wait(stall_s: float) -> dict[str, Any]:
+    """The stalled rank: sleep (the watcher dumps when asked), then report whether the dump came."""
+    time.sleep(stall_s)
+    return {"outcome": "stalled", "dumped": _wait_for_own_dump()}
+
+
+def _sub_groups(context: Any, stalled: int, stall_s: float) -> dict[str, Any]:
+    """Four ranks, tp=2. On tp group [0, 1]: a broadcast with mismatched sizes, then both dump (``dump_now``).
+    On tp group [2, 3]: rank 3 (``stalled``) never enters an all-reduce, rank 2 times out in it.
+
+    Gloo completes the mismatched broadcast without an error (the receiver gets the first elements
+    only), so nothing times out there; the dumps are the ones a training loop would take itself.
+    """
+    groups = named_groups(context.device_mesh, context.moe_mesh)
+    for group in {id(g): g for g in groups.values()}.values():  # warm-up: one collective on every group
+        dist.all_reduce(torch.ones(2), group=group)
+    after_first_step(context)  # every group to the steady 3 s
+    tp = groups["tp"]
+    rank = dist.get_rank()
+    out: dict[str, Any] = {"tp_ranks": dist.get_process_group_ranks(tp), "tp_is_default": tp is dist.group.WORLD}
+    if rank in (0, 1):
+        size = 8 if rank == 1 else 4
+        out.update(_collective("mismatched broadcast", lambda: dist.broadcast(torch.ones(size), src=0, group=tp)))
+        out["dump"] = str(flight_recorder.dump_now("after the mismatched broadcast"))
+    elif rank == stalled:
+        time.sleep(stall_s)
+        out["outcome"] = "stalled"
+    else:
+        out.update(_collective("tp all_reduce", lambda: dist.all_reduce(torch.ones(2), group=tp)))
+    out["dumped"] = _wait_for_own_dump()
+    return out
+
+
+def _phase_change(context: Any, stalled: int, stall_s: float) -> dict[str, Any]:
+    """Rank ``stalled`` stalls through the barrier of ``after_first_step``; its peer times out in it."""
+    dist.all_reduce(torch.ones(2))
+    if dist.get_rank() == stalled:
+        return _stall_then_wait(stall_s)
+    return _collective("after_first_step", lambda: after_first_step(context))
+
+
+def _dead_rank(context: Any, stalled: int, stall_s: float) -> dict[str, Any]:
+    """Rank ``stalled`` dies (``os._exit``) before the collective; its peer's all-reduce fails or times out."""
+    del stall_s
+    after_first_step(context)  # every group to the steady 3 s
+    dist.all_reduce(torch.ones(2))
+    if dist.get_rank() == stalled:
+        os._exit(17)
+    return _collective("all_reduce with a dead peer", lambda: dist.all_reduce(torch.ones(2)))
+
+
+SCENARIOS = {"sub_groups": _sub_groups, "phase_change": _phase_change, "dead_rank": _dead_rank}
+
+
+def run_scenario(params: dict[str, Any]) -> dict[str, Any]:
+    """Set up with the recorder on, run ``params["scenario"]``, meet through the store, return the facts."""
+    context = setup_distributed(_section(params), RuntimeConfig())
+    stalled = dist.get_world_size() - 1
+    out = {"rank": dist.get_rank(), "stalled": dist.get_rank() == stalled, "env": _recorder_env()}
+    out.update(SCENARIOS[params["scenario"]](context, stalled, params["stall_s"]))
+    if params["scenario"] != "dead_rank":  # nobody to meet
+        _meet(f"done/{params['scenario']}")
+    return out
+
+
+def _recorder_env() -> dict[str, str]:
+    names = [name for pair in flight_recorder.ENV_PAIRS.values() for name in pair]
+    return {name: os.environ[name] for name in names if name in os.environ}
