@@ -6,11 +6,21 @@ variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
 ``MASTER_PORT``), calls ``FUNCTION(params)`` and writes its JSON result, or its
 traceback, to a file. A rank that fails or a run past its deadline ends every
 rank: nothing is left hanging.
+
+Forked ranks (opt-in, ``NEMO_RL_SHIM_FORK_RANKS=1``): each rank is forked from one server
+process per caller that has imported torch and nemo-automodel once
+(:mod:`multiprocessing`'s forkserver with :data:`PRELOAD`), instead of a fresh interpreter
+that spends 5-10 s of CPU importing them. The rank then runs exactly what a fresh process
+runs (:func:`nemo_rl_shim.cli._rank.main`), with its own environment, log and result file.
+The test suite turns it on (``tests/conftest.py``): on a 2-core machine it is CPU-bound on
+those imports. A spawn whose extra environment sets ``PYTHON*`` variables (a shadowed
+nemo-automodel, say), which must take effect at import, always gets a fresh interpreter.
 """
 
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import socket
 import subprocess
@@ -22,12 +32,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RankResult", "RanksFailed", "free_port", "launcher_env", "spawn_ranks"]
+__all__ = ["FORK_RANKS_ENV", "PRELOAD", "RankResult", "RanksFailed", "free_port", "launcher_env", "spawn_ranks"]
 
 #: After one rank fails, how long the others get to finish before they are killed.
 FAILURE_GRACE_S = 15.0
 #: Starts of one run when the rendezvous port is taken between picking it and binding it.
 PORT_ATTEMPTS = 3
+#: ``1`` forks ranks from a server that imported :data:`PRELOAD` once (see the module docstring).
+FORK_RANKS_ENV = "NEMO_RL_SHIM_FORK_RANKS"
+#: What the fork server imports before it forks a rank (a module it cannot import is left out).
+PRELOAD = ("torch", "torch.distributed", "torch.distributed.fsdp", "nemo_automodel.components.distributed.mesh")
 
 
 @dataclass
@@ -88,6 +102,72 @@ def _rank_env(rank: int, world_size: int, port: int, extra: Mapping[str, str] | 
     return env
 
 
+class _ForkedRank:
+    """A rank forked by the fork server, with the part of :class:`subprocess.Popen`'s interface used here."""
+
+    def __init__(self, process: Any) -> None:
+        self.process = process
+
+    @property
+    def returncode(self) -> int | None:
+        return self.process.exitcode
+
+    def poll(self) -> int | None:
+        return None if self.process.is_alive() else self.process.exitcode
+
+    def kill(self) -> None:
+        self.process.kill()
+
+    def wait(self) -> int | None:
+        self.process.join()
+        return self.process.exitcode
+
+
+def _forked_rank_main(argv: list[str], env: dict[str, str], log_path: str) -> None:
+    """In the forked rank: this rank's environment, stdin, stdout and stderr, then the rank's own entry point."""
+    log = os.open(log_path, os.O_WRONLY | os.O_APPEND)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+    os.environ.clear()
+    os.environ.update(env)
+    from nemo_rl_shim.cli import _rank
+
+    code = _rank.main(argv)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # as a fresh rank does: no interpreter finalization after the result is written
+
+
+def _fork_context(env: Mapping[str, str] | None) -> Any:
+    """The fork server's context when ranks are to be forked (:data:`FORK_RANKS_ENV`), else None."""
+    if os.environ.get(FORK_RANKS_ENV) != "1" or any(key.startswith("PYTHON") for key in env or {}):
+        return None
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(list(PRELOAD))
+    return context
+
+
+def _start(context: Any, argv: list[str], env: dict[str, str], log: Any) -> Any:
+    if context is None:
+        return subprocess.Popen(
+            [sys.executable, "-m", "nemo_rl_shim.cli._rank", *argv],
+            env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+    # The server is started (once per process) with one thread per OpenMP pool, as each rank is.
+    saved = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = env.get("OMP_NUM_THREADS", "1")
+    try:
+        process = context.Process(target=_forked_rank_main, args=(argv, env, log.name), daemon=False)
+        process.start()
+    finally:
+        if saved is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = saved
+    return _ForkedRank(process)
+
+
 def _kill(processes: list[subprocess.Popen]) -> None:
     for process in processes:
         if process.poll() is None:
@@ -146,25 +226,12 @@ def _spawn_once(
         out = Path(tmp)
         (out / "params.json").write_text(json.dumps(params))
         processes, logs = [], []
+        context = _fork_context(env)
         for rank in range(world_size):
             log = open(out / f"rank{rank}.log", "w+b")  # noqa: SIM115 - closed below
             logs.append(log)
-            processes.append(
-                subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "nemo_rl_shim.cli._rank",
-                        target,
-                        str(out / "params.json"),
-                        str(out / f"rank{rank}.json"),
-                    ],
-                    env=_rank_env(rank, world_size, port, env),
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                )
-            )
+            argv = [target, str(out / "params.json"), str(out / f"rank{rank}.json")]
+            processes.append(_start(context, argv, _rank_env(rank, world_size, port, env), log))
 
         def lost_port(rank: int) -> bool:
             result = out / f"rank{rank}.json"
