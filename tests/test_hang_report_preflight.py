@@ -27,7 +27,10 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 #: torch and Automodel once, tests/conftest.py: about 25 s in all on 2 busy cores); the spawned run lasts this
 #: long (the stalled rank sleeps until it is killed).
 TIMEOUT_S = 60
-BOUND_S = TIMEOUT_S + 60  # the subprocess bound: the run, plus imports, plus the 5 s hang-report wait
+#: The subprocess bound: the run, plus the command's imports and its fork server's (which import torch and
+#: Automodel once before the ranks are forked and the run's own bound starts: up to 50 s on a loaded lane),
+#: plus the 5 s hang-report wait.
+BOUND_S = TIMEOUT_S + 120
 STALL = ["--stall-rank", "1", "--stall-s", "3600", "--timeout-minutes", "0.2", "--timeout-s", str(TIMEOUT_S)]
 
 

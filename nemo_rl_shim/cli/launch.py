@@ -13,8 +13,11 @@ process per caller that has imported torch and nemo-automodel once
 that spends 5-10 s of CPU importing them. The rank then runs exactly what a fresh process
 runs (:func:`nemo_rl_shim.cli._rank.main`), with its own environment, log and result file.
 The test suite turns it on (``tests/conftest.py``): on a 2-core machine it is CPU-bound on
-those imports. A spawn whose extra environment sets ``PYTHON*`` variables (a shadowed
-nemo-automodel, say), which must take effect at import, always gets a fresh interpreter.
+those imports. Off by default: the server's start-up (importing torch and nemo-automodel) comes
+on top of ``--timeout-s``, and a server whose caller is killed keeps the caller's standard
+streams until it notices, which a caller reading them to the end waits for. A spawn whose
+extra environment sets ``PYTHON*`` variables (a shadowed nemo-automodel, say), which must take
+effect at import, always gets a fresh interpreter.
 """
 
 from __future__ import annotations
@@ -221,12 +224,13 @@ def _spawn_once(
     env: Mapping[str, str] | None,
     on_tick: Callable[[float], None] | None,
     port: int,
+    fork: bool | None = None,
 ) -> list[RankResult]:
     with tempfile.TemporaryDirectory(prefix="nemo-rl-shim-ranks-") as tmp:
         out = Path(tmp)
         (out / "params.json").write_text(json.dumps(params))
         processes, logs = [], []
-        context = _fork_context(env)
+        context = _fork_context(env) if fork is not False else None
         for rank in range(world_size):
             log = open(out / f"rank{rank}.log", "w+b")  # noqa: SIM115 - closed below
             logs.append(log)
@@ -268,8 +272,12 @@ def spawn_ranks(
     env: Mapping[str, str] | None = None,
     check: bool = True,
     on_tick: Callable[[float], None] | None = None,
+    fork: bool | None = None,
 ) -> list[RankResult]:
     """Run ``target`` (``"module:function"``) on ``world_size`` local ranks; return every rank's result.
+
+    ``fork``: fork the ranks from the preloaded server (see the module docstring); None follows
+    :data:`FORK_RANKS_ENV`, False always starts fresh interpreters.
 
     ``params`` must be JSON-serializable; so must the function's return value.
     ``env`` adds environment variables (``PYTHONPATH`` to shadow a package, say).
@@ -286,7 +294,7 @@ def spawn_ranks(
     deadline = time.monotonic() + timeout_s
     for _ in range(PORT_ATTEMPTS):
         remaining = max(1.0, deadline - time.monotonic())
-        results = _spawn_once(target, params, world_size, remaining, env, on_tick, free_port())
+        results = _spawn_once(target, params, world_size, remaining, env, on_tick, free_port(), fork)
         if not _lost_the_port(results):
             break
     if check and not all(r.ok for r in results):
