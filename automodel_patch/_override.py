@@ -33,6 +33,7 @@ __all__ = [
     "default_backend",
     "default_group_timeouts",
     "keep_all_backends_override",
+    "layered_override",
     "make_init_device_mesh",
     "reuses_default_group",
     "without_reusable",
@@ -203,3 +204,30 @@ def _without_reusable_named(
     extra = {key: cfg for key, cfg in override.items() if key not in sizes}
     kept = without_reusable({axis: cfg for axis, cfg in override.items() if axis in sizes}, sizes) or {}
     return {**kept, **extra} or None
+
+
+def layered_override(
+    slug: str, where: str, below: Callable[..., Any], applies: Callable[[str], bool]
+) -> Callable[..., Any]:
+    """``below`` (the override under this layer) with :func:`keep_all_backends_override` put in where ``applies``.
+
+    ``applies(device_type)`` says which meshes the workaround ``slug`` corrects, when a timeout is
+    set; everything else goes to ``below``, and so does any mesh whose default group cannot be
+    read (:func:`~automodel_patch._fallback.or_genuine` warns once and gives Automodel's answer).
+    """
+
+    def override(axes, *, device_type, timeout_minutes):
+        def genuine() -> Any:
+            return below(axes, device_type=device_type, timeout_minutes=timeout_minutes)
+
+        if timeout_minutes is not None and applies(device_type):
+            return or_genuine(
+                slug,
+                where,
+                lambda: keep_all_backends_override(axes, device_type=device_type, timeout_minutes=timeout_minutes),
+                genuine,
+            )
+        return genuine()
+
+    override.__doc__ = keep_all_backends_override.__doc__
+    return override

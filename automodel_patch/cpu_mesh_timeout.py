@@ -130,21 +130,7 @@ def layer(mesh_utils: ModuleType, current: Mapping[str, Any]) -> dict[str, Any]:
     """The override for non-CUDA meshes, and the MoE companion where the release has one."""
     below = current[OVERRIDE_NAME]
 
-    def cpu_mesh_override(axes, *, device_type, timeout_minutes):
-        def genuine():
-            return below(axes, device_type=device_type, timeout_minutes=timeout_minutes)
-
-        if timeout_minutes is not None and device_type != "cuda":
-            return or_genuine(
-                SLUG,
-                OVERRIDE_NAME,
-                lambda: _override.keep_all_backends_override(
-                    axes, device_type=device_type, timeout_minutes=timeout_minutes
-                ),
-                genuine,
-            )
-        return genuine()
-
+    cpu_mesh_override = _override.layered_override(SLUG, OVERRIDE_NAME, below, lambda device: device != "cuda")
     replacements: dict[str, Any] = {OVERRIDE_NAME: cpu_mesh_override}
     unflatten = current.get(UNFLATTEN_NAME)
     if unflatten is not None and (wrapped := make_unflatten_compat(unflatten, mesh_utils)) is not None:

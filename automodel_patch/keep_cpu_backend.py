@@ -27,7 +27,6 @@ from types import ModuleType
 from typing import Any
 
 from automodel_patch import _override, _probe
-from automodel_patch._fallback import or_genuine
 from automodel_patch._target import OVERRIDE_NAME
 from automodel_patch._verdict import Detection
 from automodel_patch._workaround import Functions, Workaround
@@ -59,23 +58,7 @@ def layer(mesh_utils: ModuleType, current: Mapping[str, Any]) -> dict[str, Any]:
     """
     below = current[OVERRIDE_NAME]
 
-    def keep_all_backends_override(axes, *, device_type, timeout_minutes):
-        def genuine():
-            return below(axes, device_type=device_type, timeout_minutes=timeout_minutes)
-
-        if timeout_minutes is not None and device_type == "cuda":
-            return or_genuine(
-                SLUG,
-                OVERRIDE_NAME,
-                lambda: _override.keep_all_backends_override(
-                    axes, device_type=device_type, timeout_minutes=timeout_minutes
-                ),
-                genuine,
-            )
-        return genuine()
-
-    keep_all_backends_override.__doc__ = _override.keep_all_backends_override.__doc__
-    return {OVERRIDE_NAME: keep_all_backends_override}
+    return {OVERRIDE_NAME: _override.layered_override(SLUG, OVERRIDE_NAME, below, lambda device: device == "cuda")}
 
 
 WORKAROUND = Workaround(
