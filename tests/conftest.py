@@ -23,19 +23,26 @@ IN_CI = os.environ.get("NEMO_RL_SHIM_CI") == "1"
 # own process with its own environment and real Gloo groups. tests/test_preflight.py runs the command
 # with this unset, so the command's default (a fresh interpreter per rank) stays tested too.
 os.environ.setdefault("NEMO_RL_SHIM_FORK_RANKS", "1")
-#: Files that take longest (most of it waiting on stalls, a Ray head, a relock), run first so that
-#: pytest-xdist's loadfile scheduling does not leave them for the end.
+#: Files in the order pytest-xdist hands them out (``--no-loadscope-reorder`` in pyproject.toml: by default
+#: it reorders files by their number of tests, which left the few-test, long-waiting files below for last).
+#: Longest first, by their durations in a default-lane run (seconds, on 2 busy cores, module fixtures
+#: included): each of six workers starts with one of the first six and is also handed one of the next six.
 LONGEST_FIRST = (
-    "test_ray_preflight.py",
-    "test_pin_bump.py",
-    "test_preflight.py",
-    "test_hang_report_preflight.py",
-    "test_flight_recorder.py",
-    "test_fault.py",
-    "test_timeouts.py",
-    "test_releases.py",
-    "test_mesh_cpu.py",
-    "test_setup_distributed.py",
+    "test_preflight.py",  # 189
+    "test_pin_bump.py",  # 181: a relock and sync of a copy
+    "test_ray_preflight.py",  # 163: a Ray head
+    "test_hang_report_preflight.py",  # 144: stalled runs
+    "test_decision.py",  # 129
+    "test_cli.py",  # 103
+    "test_mesh_cpu.py",  # 80
+    "test_releases.py",  # 73
+    "test_flight_recorder.py",  # 71
+    "test_fault.py",  # 67
+    "test_upstream_patches.py",  # 66
+    "test_timeouts.py",  # 64
+    "test_dry_run.py",  # 58
+    "test_unknown_release.py",  # 46
+    "test_setup_distributed.py",  # 36
 )
 
 

@@ -1,8 +1,8 @@
-"""The local rank launcher: a rendezvous port taken between picking it and binding it costs a retry, not a run.
+"""The local rank launcher: how a run ends, and a rendezvous port lost to a race costs a retry, not a run.
 
-Real ranks on gloo. The one thing arranged is the race itself: the port picker's first answer
-is a port this test holds bound (as Gloo's own ephemeral sockets sometimes do), and only the
-picker is replaced, for that one call.
+Real ranks (real processes; on gloo where they meet). For the port race, the one thing arranged
+is the race itself: the port picker's first answer is a port this test holds bound (as Gloo's
+own ephemeral sockets sometimes do), and only the picker is replaced, for that one call.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import socket
 import pytest
 
 from nemo_rl_shim.cli import launch
+from nemo_rl_shim.cli._rank_checks import gave_up_on_peers
 
 __all__: list[str] = []
 
@@ -40,3 +41,27 @@ def test_a_real_failure_is_not_retried() -> None:
     results = launch.spawn_ranks("tests.worlds:no_such_function", {}, world_size=1, timeout_s=60, check=False)
     (result,) = results
     assert not result.ok and "AttributeError" in result.error
+
+
+def test_a_rank_that_gave_up_on_its_peers_ends_the_run_after_the_grace() -> None:
+    """Rank 0 finishes but says a collective timed out on its peers: rank 1 gets 15 s, then is killed and named."""
+    params = {"stall_rank": 1, "result": {"gave_up": "its cpu all_reduce on group default timed out"}}
+    results = launch.spawn_ranks(
+        "tests.worlds:stall_or_report", params, world_size=2, timeout_s=600, check=False, gave_up=gave_up_on_peers
+    )
+    assert results[0].ok and not results[1].ok and not results[1].timed_out
+    why = (
+        f"still running {launch.FAILURE_GRACE_S:g} s after rank 0 gave up on its peers "
+        "(its cpu all_reduce on group default timed out)"
+    )
+    assert (results[1].killed_because, results[1].error) == (why, f"rank 1 killed: {why}")
+
+
+def test_a_rank_that_finishes_cleanly_does_not_end_the_others_the_deadline_does() -> None:
+    """A finished rank that gave up on nothing is no reason to stop: the deadline (20 s, past the 15 s grace) is."""
+    params = {"stall_rank": 1, "result": {"gave_up": None}}
+    results = launch.spawn_ranks(
+        "tests.worlds:stall_or_report", params, world_size=2, timeout_s=20, check=False, gave_up=gave_up_on_peers
+    )
+    assert [(r.ok, r.timed_out, r.killed_because) for r in results] == [(True, False, None), (False, True, None)]
+    assert results[1].error is None  # no result file, no error of its own: it ran out of time

@@ -8,7 +8,7 @@ The release that carries NVIDIA-NeMo/Automodel#4602 is not out, so the fixture w
 style that made the old probe raise). A temporary copy of the project points the
 ``automodel`` extra at that wheel (``[tool.uv.sources]``), runs ``uv lock`` and
 ``uv sync --locked --extra automodel`` into its own ``.venv``, and then, with that
-environment, as a user would:
+environment, as a user would (the three started together):
 
 * ``nemo-rl-shim status``: keep-cpu-backend not needed (the CPU half is kept natively),
   cpu-mesh-timeout still needed, and its sample decision for a GPU run with CPU offload,
@@ -34,6 +34,7 @@ from typing import Any
 
 import pytest
 
+from tests.at_once import run_at_once
 from tests.conftest import unavailable
 from tests.fixture_wheels import fixture_version, fixture_wheel
 from tests.releases import REPO_ROOT, ReleaseUnavailable
@@ -108,20 +109,20 @@ def rehearsal(tmp_path_factory) -> dict[str, Any]:
             unavailable(f"`uv {step}` of the copy failed (exit {done.returncode}): {done.stderr.strip()[-800:]}")
     facts["locked"] = (copy.root / "uv.lock").read_text()
     facts["relock_s"] = time.monotonic() - start
-    facts["status"] = copy.run(copy.python, "-m", "nemo_rl_shim", "status", "--json")
-    facts["tests"] = copy.run(
-        copy.python,
-        "-m",
-        "pytest",
-        "-n",
-        "0",
-        "-rfs",
-        "-p",
-        "no:cacheprovider",
-        "tests/test_tripwire.py",
-        "tests/test_gpu.py",
+    python = copy.python
+    tests = ["tests/test_tripwire.py", "tests/test_gpu.py"]
+    # The three checks of the relocked copy are independent: started together, they share their imports' wait.
+    facts.update(
+        run_at_once(
+            {
+                "status": ([python, "-m", "nemo_rl_shim", "status", "--json"], copy.env),
+                "tests": ([python, "-m", "pytest", "-n", "0", "-rfs", "-p", "no:cacheprovider", *tests], copy.env),
+                "preflight": ([python, "-m", "nemo_rl_shim", "preflight", "--timeout-minutes", "45"], copy.env),
+            },
+            timeout_s=STEP_TIMEOUT_S,
+            cwd=copy.root,
+        )
     )
-    facts["preflight"] = copy.run(copy.python, "-m", "nemo_rl_shim", "preflight", "--timeout-minutes", "45")
     facts["wall_s"] = time.monotonic() - start
     return facts
 

@@ -1,10 +1,10 @@
 """``nemo-rl-shim preflight``: the real command on real gloo ranks, and its pure parts.
 
-Multi-rank scenarios, one process launch each (every one bounded by a
-subprocess timeout), on this CPU machine with the installed nemo-automodel:
+Multi-rank scenarios, launched together by one module fixture (they mostly wait on imports and
+rendezvous, so they share the wait; each is bounded in time, tests/at_once.py), on this CPU
+machine with the installed nemo-automodel:
 
 * the default run (``nemo-rl-shim preflight``, no arguments): spawned ranks, table, exit 0;
-* a stalled rank (fault injection): the run ends at ``--timeout-s`` with one line;
 * torchrun (``python -m torch.distributed.run``, i.e. ``torchrun``) with a NeMo RL
   YAML's ``value`` section: joins that world, rank 0 prints every rank's rows;
 * srun-style ranks with ``--no-patch``: the fork fix turned off on 0.7.0 leaves the
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -26,11 +25,18 @@ from typing import Any
 import pytest
 
 from nemo_rl_shim.cli import preflight
+from nemo_rl_shim.cli._rank_checks import SKIPPED
 from nemo_rl_shim.cli.launch import free_port
 from nemo_rl_shim.cli.ray_preflight import plan_ray_ranks
+from tests.at_once import Finished, run_at_once
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RUN_TIMEOUT_S = 420  # bound on each launched command; ranks import torch + Automodel on a contended CPU
+PPO_YAML = (
+    "policy:\n  automodel_cfg:\n    distributed_timeout_minutes: 99\n"
+    "value:\n  automodel_cfg:\n    distributed_timeout_minutes: {startup}\n"
+    "    distributed_timeout_minutes_after_init: {steady}\n  dtensor_cfg:\n    cpu_offload: true\n"
+)
 STARTUP_MIN, STEADY_MIN = 40.0, 10.0  # not 30: that is gloo's default and would prove nothing
 
 
@@ -46,12 +52,6 @@ def _command() -> list[str]:
     """The installed console script when present, else ``python -m nemo_rl_shim``."""
     script = Path(sys.executable).with_name("nemo-rl-shim")
     return [str(script)] if script.exists() else [sys.executable, "-m", "nemo_rl_shim"]
-
-
-def _run(args: list[str], **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        args, cwd=REPO_ROOT, env=_env(**env), capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False
-    )
 
 
 def _table(stdout: str) -> dict[str, list[str]]:
@@ -80,13 +80,45 @@ def _failure_line(stderr: str) -> str:
 # --- real runs --------------------------------------------------------------------------------
 
 
+def _two_ports() -> tuple[str, str]:
+    """Rendezvous ports for the torchrun world and the srun-style world, started at the same time."""
+    ports = {free_port(), free_port()}
+    while len(ports) < 2:
+        ports.add(free_port())
+    return tuple(str(port) for port in ports)  # type: ignore[return-value]
+
+
+def _srun_env(rank: int, port: str) -> dict[str, str]:
+    # srun is the boundary we lack: these are the variables it gives each task.
+    return _env(
+        SLURM_PROCID=str(rank), SLURM_NTASKS="2", SLURM_LOCALID=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=port
+    )
+
+
 @pytest.fixture(scope="module")
-def default_run() -> subprocess.CompletedProcess[str]:
-    return _run([*_command(), "preflight"])
+def runs(tmp_path_factory) -> dict[str, Finished]:
+    """The default run, the torchrun world and the two srun-style ranks, all started at once."""
+    config = tmp_path_factory.mktemp("preflight") / "ppo.yaml"
+    config.write_text(PPO_YAML.format(startup=STARTUP_MIN, steady=STEADY_MIN))
+    torchrun_port, srun_port = _two_ports()
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                "--master-addr", "127.0.0.1", "--master-port", torchrun_port]  # fmt: skip
+    no_patch = [*_command(), "preflight", "--no-patch", "--json"]
+    commands = {
+        "default": ([*_command(), "preflight"], _env()),
+        "torchrun": (
+            [*torchrun, "-m", "nemo_rl_shim", "preflight", "--json", "--config", str(config), "--role", "value"],
+            _env(),
+        ),
+        "srun0": (no_patch, _srun_env(0, srun_port)),
+        "srun1": (no_patch, _srun_env(1, srun_port)),
+    }
+    return run_at_once(commands, timeout_s=RUN_TIMEOUT_S, cwd=REPO_ROOT)
 
 
 @pytest.mark.multiprocess
-def test_default_run_exits_0_with_45_minutes_on_every_group(default_run):
+def test_default_run_exits_0_with_45_minutes_on_every_group(runs):
+    default_run = runs["default"]
     assert default_run.returncode == 0, default_run.stderr[-3000:]
     rows = _table(default_run.stdout)
     assert {"default", "pp", "dp_replicate", "dp_shard", "cp", "tp", "dp", "dp_cp", "dp_shard_cp"} <= set(rows)
@@ -99,8 +131,8 @@ def test_default_run_exits_0_with_45_minutes_on_every_group(default_run):
 
 
 @pytest.mark.multiprocess
-def test_default_run_reports_progress_on_stderr(default_run):
-    assert "preflight: starting 2 CPU ranks (importing Automodel takes ~10 s)..." in default_run.stderr
+def test_default_run_reports_progress_on_stderr(runs):
+    assert "preflight: starting 2 CPU ranks (importing Automodel takes ~10 s)..." in runs["default"].stderr
 
 
 # A stalled rank ending the spawned run at --timeout-s with one line: tests/test_hang_report_preflight.py, whose
@@ -108,16 +140,8 @@ def test_default_run_reports_progress_on_stderr(default_run):
 
 
 @pytest.mark.multiprocess
-def test_torchrun_joins_the_world_and_rank_0_prints_every_rank(tmp_path):
-    config = tmp_path / "ppo.yaml"
-    config.write_text(
-        "policy:\n  automodel_cfg:\n    distributed_timeout_minutes: 99\n"
-        f"value:\n  automodel_cfg:\n    distributed_timeout_minutes: {STARTUP_MIN}\n"
-        f"    distributed_timeout_minutes_after_init: {STEADY_MIN}\n  dtensor_cfg:\n    cpu_offload: true\n"
-    )
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                "--master-addr", "127.0.0.1", "--master-port", str(free_port())]  # fmt: skip
-    done = _run([*torchrun, "-m", "nemo_rl_shim", "preflight", "--json", "--config", str(config), "--role", "value"])
+def test_torchrun_joins_the_world_and_rank_0_prints_every_rank(runs):
+    done = runs["torchrun"]
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout)
     assert (report["launcher"], report["world_size"], report["role"]) == ("torchrun", 2, "value")
@@ -131,30 +155,10 @@ def test_torchrun_joins_the_world_and_rank_0_prints_every_rank(tmp_path):
 
 
 @pytest.mark.multiprocess
-def test_no_patch_on_0_7_0_leaves_cpu_subgroups_at_gloo_default_and_every_rank_fails():
-    # srun is the boundary we lack: these are the variables it gives each task.
-    port = str(free_port())
-    ranks = [
-        subprocess.Popen(
-            [*_command(), "preflight", "--no-patch", "--json"],
-            cwd=REPO_ROOT,
-            env=_env(
-                SLURM_PROCID=str(r), SLURM_NTASKS="2", SLURM_LOCALID=str(r), MASTER_ADDR="127.0.0.1", MASTER_PORT=port
-            ),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for r in range(2)
-    ]
-    outputs = []
-    try:
-        outputs = [p.communicate(timeout=RUN_TIMEOUT_S) for p in ranks]
-    finally:
-        for p in ranks:
-            p.kill()
-    assert [p.returncode for p in ranks] == [1, 1], outputs[0][1][-3000:]
-    (stdout, stderr), (other_stdout, _) = outputs
+def test_no_patch_on_0_7_0_leaves_cpu_subgroups_at_gloo_default_and_every_rank_fails(runs):
+    ranks = [runs["srun0"], runs["srun1"]]
+    assert [r.returncode for r in ranks] == [1, 1], ranks[0].stderr[-3000:]
+    stdout, stderr, other_stdout = ranks[0].stdout, ranks[0].stderr, ranks[1].stdout
     assert other_stdout == ""  # rank 0 alone prints
     report = json.loads(stdout)
     # On a CPU (gloo) mesh only cpu-mesh-timeout matters: forwarded as is, with the warning that sub-groups keep 30 min.
@@ -286,6 +290,28 @@ def test_find_problems_reports_a_rank_failure_by_its_last_traceback_line():
     ]
     problems = preflight.find_problems(ranks, preflight.build_options())
     assert problems[0] == "rank failed: ValueError: world_size (2) must be divisible (rank 1)"
+
+
+def test_find_problems_puts_a_rank_s_own_failure_before_the_ranks_killed_after_it():
+    why = "still running 15 s after rank 0 failed (exit 1)"
+    killed = {"rank": 1, "error": f"rank 1 killed: {why}", "killed_because": why}
+    own = {"rank": 0, "error": "Traceback (most recent call last):\nRuntimeError: boom"}
+    problems = preflight.find_problems([own, killed], preflight.build_options())
+    assert problems == ["rank failed: RuntimeError: boom (rank 0)"]
+
+
+def test_find_problems_names_the_ranks_killed_after_a_peer_gave_up_and_skips_its_skipped_checks():
+    """Rank 0 gave up (its collective timed out): its skipped rows and offload check are not findings; rank 1 is."""
+    options = preflight.build_options()
+    timed_out = "failed: RuntimeError: Timed out waiting 12000ms for recv operation to complete"
+    rows = [_row("default", cpu_all_reduce=timed_out), _row("tp", cpu_all_reduce=SKIPPED, cuda_all_reduce=SKIPPED)]
+    gave_up = _rank(0, rows, {"method": "m", "skipped": SKIPPED})
+    why = "still running 15 s after rank 0 gave up on its peers (its cpu all_reduce on group default timed out)"
+    killed = {"rank": 1, "error": f"rank 1 killed: {why}", "killed_because": why}
+    assert preflight.find_problems([gave_up, killed], options) == [
+        f"rank 1 did not finish: {why}: a rank is stuck in a collective"
+    ]
+    assert preflight.find_problems([gave_up], options) == [f"group default: CPU all_reduce {timed_out} (rank 0)"]
 
 
 def test_find_problems_names_a_start_up_shortfall_per_half_and_per_value():

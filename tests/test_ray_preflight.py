@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -29,8 +30,10 @@ from typing import Any
 
 import pytest
 
+from nemo_rl_shim.cli._rank_checks import SKIPPED
+from nemo_rl_shim.cli.ray_preflight import FAILURE_GRACE_S
 from tests.conftest import unavailable
-from tests.ray_scenarios import STALL_TIMEOUT_S
+from tests.ray_scenarios import PASS_TIMEOUT_S, STALL_TIMEOUT_S
 
 __all__: list[str] = []
 
@@ -152,7 +155,10 @@ def scenarios() -> dict[str, Any]:
     shutil.rmtree(temp_dir, ignore_errors=True)
     assert "error" not in facts, facts["error"]
     assert facts["loopback_up"]["returncode"] == 0, facts["loopback_up"]
-    assert facts["head"]["returncode"] == 0, facts["head"]
+    for failure in facts.get("head_failures", []):  # a try that failed before the head came up (ray_scenarios)
+        print(f"\nray start --head failed on port {failure['port']} after {failure['wall_s']} s:\n{failure['stderr']}")
+    head = facts["head"]
+    assert head["returncode"] == 0, f"ray start --head: {head}; stderr ends:\n{head.get('stderr', '')[-3000:]}"
     return facts
 
 
@@ -175,28 +181,55 @@ def test_two_cpu_actors_pass_with_every_group_at_the_timeout(scenarios, record_p
     print(f"\nRay preflight, 2 CPU actors: exit 0 in {run['wall_s']} s (report wall {report['wall_s']} s)")
 
 
-def test_a_stalled_actor_is_named_in_one_line_within_the_bound(scenarios, record_property) -> None:
-    run = scenarios["stalled"]
+def _failure_line(run: dict[str, Any]) -> str:
     assert run["returncode"] == 1, run["stderr"]
     failed = [line for line in run["stderr"].splitlines() if "FAILED" in line]
     assert len(failed) == 1, run["stderr"]
-    line = failed[0]
-    assert f"did not finish within {STALL_TIMEOUT_S} s (--timeout-s)" in line, line
-    assert "rank 1 (actor nemo-rl-shim-preflight-" in line, line
-    assert "was in stalling 3600 s after set-up (fault injection)" in line, line
+    return failed[0]
+
+
+def test_a_stalled_actor_is_named_in_one_line_within_the_bound(scenarios, record_property) -> None:
+    """Rank 0 waits in a collective at the 45-minute timeout: ``--timeout-s`` ends the run, naming both phases."""
+    run = scenarios["stalled"]
+    line = _failure_line(run)
+    actor = r"\(actor nemo-rl-shim-preflight-[0-9a-f]{8}-rank%d on node 127\.0\.0\.1\)"
+    expected = (
+        rf"preflight: FAILED: ranks 0, 1 did not finish within {STALL_TIMEOUT_S} s \(--timeout-s\): "
+        rf"rank 0 {actor % 0} was in all_reduce on group default; "
+        rf"rank 1 {actor % 1} was in stalling 3600 s after set-up \(fault injection\)"
+    )
+    assert re.fullmatch(expected, line), line
     assert run["report"]["timed_out"] is True and run["report"]["ok"] is False
     record_property("stall_report_s", run["wall_s"])
     print(f"\nstalled actor reported after {run['wall_s']} s (--timeout-s {STALL_TIMEOUT_S})")
 
 
+def test_a_peer_that_gives_up_ends_the_run_before_its_bound(scenarios, record_property) -> None:
+    """Rank 0's collective times out (12 s): it skips the rest, and the run ends 10 s later, not at ``--timeout-s``."""
+    run = scenarios["gave_up"]
+    line = _failure_line(run)
+    expected = (
+        f"rank 1 did not finish: still running {FAILURE_GRACE_S:g} s after rank 0 gave up on its peers "
+        "(its cpu all_reduce on group default timed out): rank 1 (actor nemo-rl-shim-preflight-"
+    )
+    assert expected in line, line
+    assert "was in stalling 3600 s after set-up (fault injection)" in line, line
+    assert run["report"]["timed_out"] is False and run["report"]["ok"] is False
+    (rank_0,) = [r for r in run["report"]["ranks"] if r["rank"] == 0]
+    outcomes = [row["cpu_all_reduce"] for row in rank_0["rows"]]
+    assert outcomes[0].startswith("failed: RuntimeError") and set(outcomes[1:]) == {SKIPPED}, outcomes
+    record_property("gave_up_report_s", run["wall_s"])
+    print(f"\nstalled actor reported after {run['wall_s']} s (--timeout-s {PASS_TIMEOUT_S} not reached)")
+
+
 def test_a_stalled_actor_is_named_by_the_flight_recorder_dumps(scenarios) -> None:
     """Both actors wrote their dumps on their node (one node here); the driver read them after the run."""
-    hang = scenarios["stalled"]["report"]["hang_report"]
+    hang = scenarios["gave_up"]["report"]["hang_report"]
     assert hang["line"].startswith("rank 1 did not enter all_reduce #"), hang
     assert "on default" in hang["line"] and "in which rank 0 waited" in hang["line"], hang["line"]
     assert "written by the Ray actors on their node (127.0.0.1)" in hang["summary"], hang["summary"]
     assert sorted(hang["dumps"]) == ["0", "1"] or sorted(hang["dumps"]) == [0, 1], hang["dumps"]
-    assert scenarios["stalled"]["stderr"].rstrip().splitlines()[-1] == f"preflight: {hang['summary']}"
+    assert scenarios["gave_up"]["stderr"].rstrip().splitlines()[-1] == f"preflight: {hang['summary']}"
 
 
 def test_a_world_larger_than_the_cluster_is_refused_before_placing_actors(scenarios) -> None:
@@ -212,7 +245,7 @@ def test_a_world_larger_than_the_cluster_is_refused_before_placing_actors(scenar
     assert seen is not None and (seen["actors"], seen["placement_groups"]) == ([], []), seen
 
 
-@pytest.mark.parametrize("run", ["passing", "stalled"])
+@pytest.mark.parametrize("run", ["passing", "stalled", "gave_up"])
 def test_no_actor_or_placement_group_is_left_when_the_driver_disconnects(scenarios, run: str) -> None:
     """Seen by the command's own driver just before it disconnects (after that, Ray would end them itself).
 

@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 from nemo_rl_shim.cli.launch import free_port
 
-__all__ = ["device_mesh_facts", "forget_meshes", "move_to_fresh_port", "rendezvous"]
+__all__ = ["device_mesh_facts", "forget_meshes", "move_to_fresh_port", "rendezvous", "stall_or_report"]
 
 
 def move_to_fresh_port() -> int:
@@ -84,3 +84,13 @@ def rendezvous(params: dict[str, Any]) -> dict[str, Any]:
     ones = torch.ones(1)
     dist.all_reduce(ones)
     return {"rank": dist.get_rank(), "sum": ones.item(), "port": int(os.environ["MASTER_PORT"])}
+
+
+def stall_or_report(params: dict[str, Any]) -> dict[str, Any]:
+    """Rank ``params["stall_rank"]`` sleeps an hour; the others return at once, with ``params["result"]``."""
+    import time
+
+    rank = int(os.environ["RANK"])
+    if rank == params["stall_rank"]:
+        time.sleep(3600)
+    return {"rank": rank, **params["result"]}

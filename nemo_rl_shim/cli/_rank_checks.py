@@ -9,6 +9,12 @@ also shards a parameter with FSDP2's ``CPUOffloadPolicy`` on the ``dp`` mesh
 and rebuilds it with ``full_tensor()``. Failures are recorded, not raised, so
 the parent can name them; the rank leaves its process groups up (the caller
 tears them down after gathering).
+
+Once a collective times out or loses its peer, the rank gives up on its peers: the
+collectives left, the ``full_tensor()`` check and the steady-timeout barrier would each
+wait as long again on the same stalled rank, so they are reported as :data:`SKIPPED`,
+and the result's ``gave_up`` names the collective that failed (a spawning parent then
+ends the run, :func:`nemo_rl_shim.cli.launch.spawn_ranks`).
 """
 
 from __future__ import annotations
@@ -28,11 +34,16 @@ from nemo_rl_shim.flight_recorder import dump_on_timeout
 from nemo_rl_shim.groups import axis_mesh, backend_timeouts, group_backends, named_groups
 from nemo_rl_shim.timeouts import after_first_step
 
-__all__ = ["NOT_RUN", "OFFLOAD_METHOD", "check_rank"]
+__all__ = ["NOT_RUN", "OFFLOAD_METHOD", "SKIPPED", "check_rank", "gave_up_on_peers"]
 
 OFFLOAD_METHOD = "fully_shard(mesh=dp, offload_policy=CPUOffloadPolicy(pin_memory=False)) on an nn.Linear"
 #: What a dry run reports for a collective: its groups are on torch's fake backend.
 NOT_RUN = "not run (dry run)"
+#: What a collective reports once an earlier one on this rank timed out or lost its peer.
+SKIPPED = "skipped (an earlier collective timed out)"
+#: Words of an error that says a peer stalled or died: Gloo's "Timed out waiting 12000ms for recv
+#: operation", "Connection closed by peer"; NCCL's watchdog "collective operation timeout".
+_PEER_LOST = ("timed out", "timeout", "closed by peer", "connection reset")
 
 
 def _minutes(group: Any) -> dict[str, float]:
@@ -73,16 +84,36 @@ def _cuda_all_reduce(group: Any, backends: dict[str, str]) -> str:
     return _all_reduce(group, torch.device("cuda", torch.cuda.current_device()))
 
 
-def _group_row(name: str, group: Any, cpu_offload: bool, dry_run: bool = False) -> dict[str, Any]:
+def _lost_a_peer(row: dict[str, Any]) -> str | None:
+    """``"its cpu all_reduce on group default timed out"`` when the row's collective timed out or lost its peer."""
+    for kind in ("cpu", "cuda"):
+        outcome = row[f"{kind}_all_reduce"].lower()
+        if outcome.startswith("failed") and any(word in outcome for word in _PEER_LOST):
+            how = "timed out" if "time" in outcome else "lost its peer"
+            return f"its {kind} all_reduce on group {row['group']} {how}"
+    return None
+
+
+def gave_up_on_peers(result: Any) -> str | None:
+    """What a rank's result (:func:`check_rank`) says it stopped waiting on, if it gave up on its peers."""
+    return result.get("gave_up") if isinstance(result, dict) else None
+
+
+def _group_row(name: str, group: Any, cpu_offload: bool, dry_run: bool = False, skip: bool = False) -> dict[str, Any]:
     backends = group_backends(group)
+    if skip:
+        cpu = cuda = SKIPPED
+    else:
+        cpu = NOT_RUN if dry_run else _cpu_all_reduce(group, backends, cpu_offload)
+        cuda = NOT_RUN if dry_run else _cuda_all_reduce(group, backends)
     return {
         "group": name,
         "ranks": dist.get_process_group_ranks(group),
         "is_default": group is dist.group.WORLD,
         "backends": backends,
         "timeout_minutes": _minutes(group),
-        "cpu_all_reduce": NOT_RUN if dry_run else _cpu_all_reduce(group, backends, cpu_offload),
-        "cuda_all_reduce": NOT_RUN if dry_run else _cuda_all_reduce(group, backends),
+        "cpu_all_reduce": cpu,
+        "cuda_all_reduce": cuda,
         "timeout_minutes_after_init": None,
     }
 
@@ -147,14 +178,19 @@ def check_rank(params: dict[str, Any], phase: Callable[[str], None] | None = Non
         print(f"rank {rank}: stalling {params.get('stall_s', 0.0):g} s after set-up (fault injection)", flush=True)
         time.sleep(float(params.get("stall_s", 0.0)))
     groups = named_groups(context.device_mesh, context.moe_mesh)
-    rows = []
+    rows: list[dict[str, Any]] = []
+    gave_up = None
     for name, group in groups.items():
         phase(f"all_reduce on group {name}")
-        rows.append(_group_row(name, group, params["cpu_offload"], dry_run))
-    phase("full_tensor() of a CPU-offloaded parameter")
-    offload = _offload_check(context.device_mesh) if params["cpu_offload"] and not dry_run else None
+        rows.append(_group_row(name, group, params["cpu_offload"], dry_run, skip=gave_up is not None))
+        gave_up = gave_up or _lost_a_peer(rows[-1])
+    offload = None
+    if params["cpu_offload"] and not dry_run:
+        phase("full_tensor() of a CPU-offloaded parameter")
+        skipped = {"method": OFFLOAD_METHOD, "skipped": SKIPPED}
+        offload = _offload_check(context.device_mesh) if gave_up is None else skipped
     phase("after_first_step")
-    if after_first_step(context):
+    if gave_up is None and after_first_step(context):
         for row, group in zip(rows, groups.values(), strict=True):
             row["timeout_minutes_after_init"] = _minutes(group)
     phase("done")
@@ -168,5 +204,6 @@ def check_rank(params: dict[str, Any], phase: Callable[[str], None] | None = Non
         "timeout_minutes_after_init": context.timeout_minutes_after_init,
         "rows": rows,
         "offload": offload,
+        "gave_up": gave_up,
         "warnings": [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)],
     }

@@ -135,10 +135,16 @@ def find_problems(ranks: list[dict[str, Any]], options: PreflightOptions, timed_
             "a rank is stuck at start-up or in a collective"
         ]
     failed: list[_Found] = [
-        (f"rank failed: {_last_line(r.get('error'))}", None, r["rank"]) for r in ranks if "rows" not in r
+        (f"rank failed: {_last_line(r.get('error'))}", None, r["rank"])
+        for r in ranks
+        if "rows" not in r and not r.get("killed_because")
     ]
-    if failed:  # a rank's own error before "killed after a peer failed" and the like
+    if failed:  # a rank's own error before "exited -9 before reporting", and before the ranks killed after it
         return _merge(sorted(failed, key=lambda f: "before reporting" in f[0]))
+    killed = [r for r in ranks if r.get("killed_because")]
+    if killed:  # killed by the launcher after a peer gave up waiting on them: stalled
+        stuck, why = [r["rank"] for r in killed], killed[0]["killed_because"]
+        return [f"{_plural('rank', stuck)} did not finish: {why}: a rank is stuck in a collective"]
     startup, steady = options.timeout_minutes, options.timeout_minutes_after_init
     found: list[_Found] = []
     for result in ranks:
@@ -146,7 +152,7 @@ def find_problems(ranks: list[dict[str, Any]], options: PreflightOptions, timed_
             problems = _row_problems(row, startup, steady, options.cpu_offload)
             found += [(p, row["group"], result["rank"]) for p in problems]
         offload = result.get("offload")
-        if offload is not None and not offload.get("ok"):
+        if offload is not None and "skipped" not in offload and not offload.get("ok"):
             detail = f"full_tensor() of a CPU-offloaded parameter on mesh dp failed: {offload.get('error')}"
             found.append((detail, None, result["rank"]))
     return _merge(found)
@@ -215,6 +221,8 @@ def _offload_line(ranks: list[dict[str, Any]]) -> str:
     facts = [r["offload"] for r in ranks if r.get("offload") is not None]
     if not facts:
         return "CPU offload: off (no full_tensor() check)"
+    if any("skipped" in f for f in facts):
+        return f"CPU offload: full_tensor() check {next(f['skipped'] for f in facts if 'skipped' in f)}"
     first = facts[0]
     outcome = "ok on every rank" if all(f.get("ok") for f in facts) else "FAILED"
     shapes = f"{first.get('local_device', '?')} shards {tuple(first.get('local_shape', ()))}"

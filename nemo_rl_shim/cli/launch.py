@@ -5,7 +5,9 @@ Used by ``nemo-rl-shim preflight`` and by the multi-rank tests. Each rank runs
 variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
 ``MASTER_PORT``), calls ``FUNCTION(params)`` and writes its JSON result, or its
 traceback, to a file. A rank that fails or a run past its deadline ends every
-rank: nothing is left hanging.
+rank: nothing is left hanging. So does a rank that finishes but says it gave up on its
+peers (``gave_up``: a collective timed out on a stalled peer): the ranks still running
+get :data:`FAILURE_GRACE_S`, then are killed and named (``RankResult.killed_because``).
 
 Forked ranks (opt-in, ``NEMO_RL_SHIM_FORK_RANKS=1``): each rank is forked from one server
 process per caller that has imported torch and nemo-automodel once
@@ -22,6 +24,7 @@ effect at import, always gets a fresh interpreter.
 
 from __future__ import annotations
 
+import functools
 import json
 import multiprocessing
 import os
@@ -37,7 +40,7 @@ from typing import Any
 
 __all__ = ["FORK_RANKS_ENV", "PRELOAD", "RankResult", "RanksFailed", "free_port", "launcher_env", "spawn_ranks"]
 
-#: After one rank fails, how long the others get to finish before they are killed.
+#: After one rank fails or gives up on its peers, how long the others get to finish before they are killed.
 FAILURE_GRACE_S = 15.0
 #: Starts of one run when the rendezvous port is taken between picking it and binding it.
 PORT_ATTEMPTS = 3
@@ -57,6 +60,8 @@ class RankResult:
     error: str | None = None
     timed_out: bool = False
     output: str = ""
+    #: Why the launcher killed this rank before the deadline: ``"still running 15 s after rank 0 failed"``.
+    killed_because: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -179,31 +184,55 @@ def _kill(processes: list[subprocess.Popen]) -> None:
         process.wait()
 
 
+def _trigger(
+    codes: list[int | None], at_once: Callable[[int], bool], gave_up: Callable[[int], str | None]
+) -> tuple[str, bool] | None:
+    """What ends the run early, if anything has: (why, at once?). A failed rank comes before one that gave up."""
+    for rank, code in enumerate(codes):
+        if code not in (None, 0):
+            return f"rank {rank} failed (exit {code})", at_once(rank)
+    for rank, code in enumerate(codes):
+        why = gave_up(rank) if code == 0 else None
+        if why:
+            return f"rank {rank} gave up on its peers ({why})", False
+    return None
+
+
 def _wait(
     processes: list[subprocess.Popen],
     timeout_s: float,
     on_tick: Callable[[float], None] | None,
     at_once: Callable[[int], bool] = lambda rank: False,
-) -> bool:
-    """Wait for every process; end them all on the deadline or soon after a failure. True if the deadline hit.
+    gave_up: Callable[[int], str | None] = lambda rank: None,
+) -> tuple[bool, dict[int, str]]:
+    """Wait for every process; end them all on the deadline, or :data:`FAILURE_GRACE_S` after a rank fails or
+    gives up on its peers. Returns whether the deadline hit, and why each rank killed before it was killed.
 
     A failure for which ``at_once(rank)`` is true (a lost rendezvous port) ends the others at
     once: they can only be waiting for a peer that will never come.
     """
     start = time.monotonic()
-    failed_at = None
-    while any(p.poll() is None for p in processes):
+    gave_up = functools.cache(gave_up)  # a finished rank's result does not change: read it once
+    kill_at, why = None, ""
+    while True:
+        codes = [p.poll() for p in processes]
+        if all(code is not None for code in codes):
+            return False, {}
         now = time.monotonic()
-        failed = [rank for rank, p in enumerate(processes) if p.returncode not in (None, 0)]
-        if failed and failed_at is None:
-            failed_at = now - (FAILURE_GRACE_S if any(at_once(rank) for rank in failed) else 0.0)
-        if now - start > timeout_s or (failed_at is not None and now - failed_at >= FAILURE_GRACE_S):
+        if kill_at is None and (found := _trigger(codes, at_once, gave_up)) is not None:
+            cause, immediately = found
+            kill_at = now if immediately else now + FAILURE_GRACE_S
+            why = f"still running when {cause}" if immediately else f"still running {FAILURE_GRACE_S:g} s after {cause}"
+        if now - start > timeout_s:
             _kill(processes)
-            return now - start > timeout_s
+            return True, {}
+        if kill_at is not None and now >= kill_at:
+            killed = {rank: why for rank, code in enumerate(codes) if code is None}
+            _kill(processes)
+            return False, killed
         if on_tick is not None:
             on_tick(now - start)
         time.sleep(0.05)
-    return False
 
 
 def _says_port_taken(text: str) -> bool:
@@ -225,6 +254,7 @@ def _spawn_once(
     on_tick: Callable[[float], None] | None,
     port: int,
     fork: bool | None = None,
+    gave_up: Callable[[Any], str | None] | None = None,
 ) -> list[RankResult]:
     with tempfile.TemporaryDirectory(prefix="nemo-rl-shim-ranks-") as tmp:
         out = Path(tmp)
@@ -241,8 +271,14 @@ def _spawn_once(
             result = out / f"rank{rank}.json"
             return result.exists() and _says_port_taken(result.read_text(errors="replace"))
 
+        def rank_gave_up(rank: int) -> str | None:
+            result = out / f"rank{rank}.json"
+            if gave_up is None or not result.exists():
+                return None
+            return gave_up(json.loads(result.read_text()).get("result"))
+
         try:
-            timed_out = _wait(processes, timeout_s, on_tick, lost_port)
+            timed_out, killed = _wait(processes, timeout_s, on_tick, lost_port, rank_gave_up)
         finally:
             _kill(processes)
         results = []
@@ -251,12 +287,18 @@ def _spawn_once(
             output = log.read().decode(errors="replace")[-20000:]
             log.close()
             result = RankResult(
-                rank, process.returncode, timed_out=timed_out and process.returncode != 0, output=output
+                rank,
+                process.returncode,
+                timed_out=timed_out and process.returncode != 0,
+                output=output,
+                killed_because=killed.get(rank),
             )
             path = out / f"rank{rank}.json"
             if path.exists():
                 payload = json.loads(path.read_text())
                 result.result, result.error = payload.get("result"), payload.get("error")
+            elif result.killed_because is not None:
+                result.error = f"rank {rank} killed: {result.killed_because}"
             elif process.returncode != 0 and not result.timed_out:
                 result.error = f"rank {rank} exited {process.returncode} before reporting"
             results.append(result)
@@ -273,11 +315,15 @@ def spawn_ranks(
     check: bool = True,
     on_tick: Callable[[float], None] | None = None,
     fork: bool | None = None,
+    gave_up: Callable[[Any], str | None] | None = None,
 ) -> list[RankResult]:
     """Run ``target`` (``"module:function"``) on ``world_size`` local ranks; return every rank's result.
 
     ``fork``: fork the ranks from the preloaded server (see the module docstring); None follows
     :data:`FORK_RANKS_ENV`, False always starts fresh interpreters.
+    ``gave_up``: given the result of a rank that finished while others still run, what it gave
+    up waiting on (a collective that timed out on a stalled peer), or None: the others then get
+    :data:`FAILURE_GRACE_S` to finish, as after a failure, and are killed.
 
     ``params`` must be JSON-serializable; so must the function's return value.
     ``env`` adds environment variables (``PYTHONPATH`` to shadow a package, say).
@@ -294,7 +340,7 @@ def spawn_ranks(
     deadline = time.monotonic() + timeout_s
     for _ in range(PORT_ATTEMPTS):
         remaining = max(1.0, deadline - time.monotonic())
-        results = _spawn_once(target, params, world_size, remaining, env, on_tick, free_port(), fork)
+        results = _spawn_once(target, params, world_size, remaining, env, on_tick, free_port(), fork, gave_up)
         if not _lost_the_port(results):
             break
     if check and not all(r.ok for r in results):

@@ -37,7 +37,9 @@ The per-rank half lives in ``_rank_checks``, the report (problems, table) in
 
 Fault injection, for tests only: ``stall_rank`` / ``stall_s`` (``--stall-rank``,
 ``--stall-s``, hidden flags) make one rank sleep after set-up, so its peers wait
-in a collective on it and the run must end at ``timeout_s``.
+in a collective on it. A spawned run ends 15 s (``launch.FAILURE_GRACE_S``) after a
+peer's collective timed out on it (``--timeout-minutes`` shorter than ``--timeout-s``),
+naming it; else at ``timeout_s``.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from nemo_rl_shim.cli._rank_checks import check_rank
+from nemo_rl_shim.cli._rank_checks import check_rank, gave_up_on_peers
 from nemo_rl_shim.cli._report import COLUMNS, PreflightReport, find_problems, render_report
 from nemo_rl_shim.cli.options import (
     DEFAULT_SECTION,
@@ -168,7 +170,7 @@ def _spawn(options: PreflightOptions, progress: Progress) -> PreflightReport:
     start = time.monotonic()
     results = spawn_ranks(
         RANK_TARGET, options.params(), world_size=plan.world_size, timeout_s=options.timeout_s,
-        env=plan.env, check=False, on_tick=on_tick,
+        env=plan.env, check=False, on_tick=on_tick, gave_up=gave_up_on_peers,
     )  # fmt: skip
     ranks = []
     for r in results:
@@ -176,7 +178,8 @@ def _spawn(options: PreflightOptions, progress: Progress) -> PreflightReport:
             ranks.append(r.result)
         else:
             error = r.error or ("timed out" if r.timed_out else f"exit {r.returncode}")
-            ranks.append({"rank": r.rank, "error": error, "timed_out": r.timed_out, "output": r.output[-4000:]})
+            rank = {"rank": r.rank, "error": error, "timed_out": r.timed_out, "output": r.output[-4000:]}
+            ranks.append({**rank, "killed_because": r.killed_because} if r.killed_because else rank)
     timed_out = any(r.timed_out for r in results)
     report = PreflightReport("spawn", plan.world_size, options, ranks, time.monotonic() - start, plan.note, timed_out)
     report.problems = find_problems(ranks, options, timed_out)

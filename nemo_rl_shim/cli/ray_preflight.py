@@ -15,8 +15,9 @@ an address; inside the allocation ``ray.sub`` starts, ``auto``):
 
 Bounded: ``--timeout-s`` runs from connecting to the last result. A rank still running
 then is named with what it was doing (each actor answers a ``phase`` call while its checks
-run); an actor that dies is named at once and the others get :data:`FAILURE_GRACE_S` to
-finish. The actors and the placement group are removed on every path, failure included,
+run); an actor that dies, or whose checks gave up on a stalled peer (a collective timed out), is
+named at once and the others get :data:`FAILURE_GRACE_S` to finish; one still running then is
+named with its phase. The actors and the placement group are removed on every path, failure included,
 and the driver disconnects.
 """
 
@@ -34,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from nemo_rl_shim.cli._rank_checks import gave_up_on_peers
 from nemo_rl_shim.cli._report import PreflightReport, find_problems
 from nemo_rl_shim.cli.options import MIN_RANKS, PreflightOptions, ranks_for_world
 
@@ -222,7 +224,7 @@ class _Run:
             for rank, (actor, env) in enumerate(zip(self.actors, envs, strict=True))
         }
         results: dict[int, dict[str, Any]] = {}
-        failed_at = None
+        failed_at, why = None, None
         pending = list(refs)
         while pending:
             limit = (
@@ -236,21 +238,28 @@ class _Run:
             for ref in done:
                 rank = refs[ref]
                 results[rank] = self._result(ref, rank)
-                if "rows" not in results[rank] and failed_at is None:
+                if failed_at is None and ("rows" not in results[rank] or gave_up_on_peers(results[rank])):
                     failed_at = time.monotonic()
+                    gave_up = gave_up_on_peers(results[rank])
+                    why = f"rank {rank} gave up on its peers ({gave_up})" if gave_up else None
             self.progress(f"{len(results)} of {len(refs)} ranks finished")
         if pending:
-            self.timed_out = failed_at is None
-            stuck = sorted(refs[ref] for ref in pending)
-            for rank in stuck:
-                results[rank] = {"rank": rank, "error": "did not finish", "phase": self._phase(rank)}
-            if failed_at is None:
-                where = "; ".join(f"{self.describe(r)} was in {results[r]['phase']}" for r in stuck)
-                self.problems.append(
-                    f"{'ranks' if len(stuck) > 1 else 'rank'} {', '.join(map(str, stuck))} did not finish within "
-                    f"{self.options.timeout_s:g} s (--timeout-s): {where}"
-                )
+            self._name_the_stuck(sorted(refs[ref] for ref in pending), results, failed_at, why)
         return [results[rank] for rank in sorted(results)]
+
+    def _name_the_stuck(
+        self, stuck: list[int], results: dict[int, dict[str, Any]], failed_at: float | None, why: str | None
+    ) -> None:
+        """Ranks still running at the deadline, or :data:`FAILURE_GRACE_S` after a peer failed or gave up."""
+        self.timed_out = failed_at is None
+        for rank in stuck:
+            results[rank] = {"rank": rank, "error": "did not finish", "phase": self._phase(rank)}
+        where = "; ".join(f"{self.describe(r)} was in {results[r]['phase']}" for r in stuck)
+        ranks = f"{'ranks' if len(stuck) > 1 else 'rank'} {', '.join(map(str, stuck))}"
+        if failed_at is None:
+            self.problems.append(f"{ranks} did not finish within {self.options.timeout_s:g} s (--timeout-s): {where}")
+        elif why:  # a rank that died is the finding; the ranks still waiting on it are not
+            self.problems.append(f"{ranks} did not finish: still running {FAILURE_GRACE_S:g} s after {why}: {where}")
 
     def _result(self, ref: Any, rank: int) -> dict[str, Any]:
         import ray
