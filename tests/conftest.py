@@ -8,13 +8,17 @@ run has really run every test.
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import shutil
 from collections.abc import Iterator
+from pathlib import Path
 from types import ModuleType
 from typing import NoReturn
 
 import pytest
 
+from tests import ray_tree
 from tests.releases import ReleaseUnavailable, release_env
 
 IN_CI = os.environ.get("NEMO_RL_SHIM_CI") == "1"
@@ -30,7 +34,6 @@ os.environ.setdefault("NEMO_RL_SHIM_FORK_RANKS", "1")
 LONGEST_FIRST = (
     "test_preflight.py",  # 189
     "test_pin_bump.py",  # 181: a relock and sync of a copy
-    "test_ray_preflight.py",  # 163: a Ray head
     "test_hang_report_preflight.py",  # 144: stalled runs
     "test_decision.py",  # 129
     "test_cli.py",  # 103
@@ -46,9 +49,48 @@ LONGEST_FIRST = (
 )
 
 
+_RAY_FILE = Path(__file__).with_name("test_ray_preflight.py")
+_EARLY_RAY_TREE = pytest.StashKey["ray_tree.Started"]()
+
+
+def _starts_the_ray_tree_early(config: pytest.Config) -> bool:
+    """The pytest process of a run that selects the Ray test by path alone: no -k, no -m, not --collect-only."""
+    if os.environ.get("PYTEST_XDIST_WORKER") or importlib.util.find_spec("ray") is None:
+        return False
+    if config.option.keyword or config.option.markexpr or config.option.collectonly:
+        return False  # the Ray test may be deselected: its fixture starts the tree if it runs
+    for arg in config.args:
+        path = Path(config.invocation_params.dir, arg.split("::")[0]).resolve()
+        if path == _RAY_FILE or path in _RAY_FILE.parents:
+            return True
+    return False
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Start the Ray scenarios' tree and wait for its head, before the xdist workers exist (tests/ray_tree.py)."""
+    if not _starts_the_ray_tree_early(config):
+        return
+    wrapper, _ = ray_tree.namespace_wrapper()
+    if wrapper is None:
+        return  # the test's fixture says why, as a skip (or a failure under CI)
+    started = ray_tree.start(wrapper)
+    config.stash[_EARLY_RAY_TREE] = started
+    ray_tree.publish(started.tree)
+    ray_tree.wait_for_head(started.tree)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    started = config.stash.get(_EARLY_RAY_TREE, None)
+    if started is not None:  # the test has collected it already, unless it was not run
+        started.release()
+        shutil.rmtree(started.tree.temp_dir, ignore_errors=True)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     def rank(item: pytest.Item) -> int:
         name = item.path.name
+        if name == _RAY_FILE.name:  # last: its tree runs from the start, in the background (pytest_configure)
+            return len(LONGEST_FIRST) + 1
         return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
 
     items.sort(key=rank)  # stable: within a file, and among the rest, the collected order stays

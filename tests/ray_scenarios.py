@@ -1,6 +1,7 @@
 """``nemo-rl-shim preflight --ray`` on a real local Ray head, inside a private network namespace.
 
-Run by ``tests/test_ray_preflight.py`` as ``unshare --net -- python -m tests.ray_scenarios TEMP_DIR OUT_JSON``.
+Run as ``unshare --net -- python -m tests.ray_scenarios TEMP_DIR OUT_JSON`` (:mod:`tests.ray_tree`), before
+the suite's workers start when the run selects ``tests/test_ray_preflight.py``; that test reads ``OUT_JSON``.
 The namespace has loopback only, so the head, its workers and the torch.distributed ranks
 all live on 127.0.0.1 and nothing can reach another host (outside it, Ray would pick this
 machine's non-loopback address). Every process of this head lives in that namespace and
@@ -39,6 +40,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+
+from tests.ray_tree import HEAD_DONE
 
 __all__ = ["HEAD_PORT", "PASS_TIMEOUT_S", "STALL_TIMEOUT_S", "main"]
 
@@ -137,6 +140,7 @@ def main(temp_dir: str, out_path: str) -> int:
     ray = str(Path(sys.executable).with_name("ray"))
     try:
         facts["head"], address = _start_head(ray, temp_dir, facts)
+        Path(temp_dir, HEAD_DONE).touch()  # the pytest process waits for this before it starts the workers
         if facts["head"]["returncode"] == 0:
             stall = ["--stall-rank", "1", "--stall-s", "3600"]
             # A 12 s collective timeout and the Flight Recorder on: rank 0's collective times out, it gives up
@@ -156,7 +160,9 @@ def main(temp_dir: str, out_path: str) -> int:
             facts["too_large"] = _preflight(address, Path(temp_dir, "too_large.json"), "--world", "16")
     except Exception as e:  # written to the result, so the test names it
         facts["error"] = f"{type(e).__name__}: {e}"
-    Path(out_path).write_text(json.dumps(facts, default=str))
+    written = Path(f"{out_path}.part")
+    written.write_text(json.dumps(facts, default=str))
+    written.replace(out_path)
     return 0
 
 

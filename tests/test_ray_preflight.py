@@ -2,12 +2,11 @@
 
 The head, the CLI runs and the leak check run in one process tree inside a private network
 namespace (:mod:`tests.ray_scenarios`, started with ``unshare --net``): loopback only, as
-the workplace requires, and no port clash with anything outside. Bounded: the whole tree is
-killed at :data:`SCENARIOS_TIMEOUT_S`, and every process of the head is ended afterwards,
-failure included. They are found by that network namespace, which each of them holds and
-no other process does: Ray's agents and client server start their own sessions and carry
-nothing of the head's temp dir on their command lines, so neither the process group nor
-the command line finds them all. A test fails if one is left.
+the workplace requires, and no port clash with anything outside. The tree starts before the
+suite's workers when the run allows it, so that its head comes up on an idle machine
+(:mod:`tests.ray_tree`, which says why). Bounded: the whole tree is killed at
+:data:`tests.ray_tree.SCENARIOS_TIMEOUT_S` from its start, and every process of the head is
+ended afterwards by its network namespace, failure included. A test fails if one is left.
 
 Measured figures (wall time of the passing run, time to report the stall) are printed and
 recorded with ``record_property``; nothing is asserted against a clock except the bound
@@ -16,22 +15,14 @@ the command itself enforces (``--timeout-s``).
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import shutil
-import signal
-import subprocess
-import sys
-import tempfile
-import time
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from nemo_rl_shim.cli._rank_checks import SKIPPED
 from nemo_rl_shim.cli.ray_preflight import FAILURE_GRACE_S
+from tests import ray_tree
 from tests.conftest import unavailable
 from tests.ray_scenarios import PASS_TIMEOUT_S, STALL_TIMEOUT_S
 
@@ -39,126 +30,34 @@ __all__: list[str] = []
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.ray]
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-SCENARIOS_TIMEOUT_S = 480
 TIMEOUT_MINUTES = 45.0
-#: How long the clean-up keeps killing what is left in the head's network namespace.
-CLEANUP_S = 30.0
-
-
-def _private_network_namespace() -> list[str]:
-    unshare = shutil.which("unshare")
-    if unshare is None or shutil.which("ip") is None:
-        unavailable(f"the Ray tests run in a private network namespace and need unshare and ip: unshare={unshare}, "
-                    f"ip={shutil.which('ip')}")  # fmt: skip
-    probe = subprocess.run([unshare, "--net", "--", "true"], capture_output=True, text=True, timeout=30, check=False)
-    if probe.returncode != 0:
-        unavailable(f"cannot make a private network namespace (unshare --net: {probe.stderr.strip()}): the Ray "
-                    "tests keep Ray on loopback only")  # fmt: skip
-    return [unshare, "--net", "--"]
-
-
-def _network_namespace(pid: int) -> str | None:
-    try:
-        return os.readlink(f"/proc/{pid}/ns/net")
-    except OSError:  # gone, or a zombie (which holds no namespace)
-        return None
-
-
-def _pinned_namespace(process: subprocess.Popen) -> tuple[str | None, int | None]:
-    """The private network namespace ``unshare --net`` made for ``process``, and a descriptor that holds it.
-
-    While the descriptor is open the namespace cannot be freed, so its name cannot pass to a
-    namespace made later (say, by another Ray test on the same machine) while the clean-up
-    still goes by it. ``(None, None)`` if ``process`` never entered one within 30 s.
-    """
-    ours = _network_namespace(os.getpid())
-    end = time.monotonic() + 30
-    while process.poll() is None and time.monotonic() < end:
-        try:
-            pin = os.open(f"/proc/{process.pid}/ns/net", os.O_RDONLY)
-        except OSError:
-            pin = None
-        if pin is not None:
-            name = os.readlink(f"/proc/self/fd/{pin}")  # the namespace the descriptor holds: "net:[inode]"
-            if name != ours:
-                return name, pin
-            os.close(pin)
-        time.sleep(0.01)
-    return None, None
-
-
-def _processes_in(namespace: str) -> dict[int, str]:
-    """``{pid: command line}`` of every live process in the network namespace ``namespace``."""
-    found = {}
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit() and _network_namespace(int(entry.name)) == namespace:
-            try:
-                found[int(entry.name)] = Path(f"/proc/{entry.name}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-            except OSError:
-                continue
-    return found
-
-
-def _end_ray_processes(namespace: str | None, temp_dir: str) -> dict[int, str]:
-    """Kill every process in the head's network namespace until none is left (bounded); return those it found."""
-    if namespace is None:  # the namespace was never seen: the command line is all there is to go by
-        subprocess.run(["pkill", "-KILL", "-f", temp_dir], capture_output=True, timeout=30, check=False)
-        return {}
-    found: dict[int, str] = {}
-    end = time.monotonic() + CLEANUP_S
-    while (alive := _processes_in(namespace)) and time.monotonic() < end:
-        found.update(alive)
-        for pid in alive:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                continue
-        time.sleep(0.1)
-    return found
 
 
 @pytest.fixture(scope="module")
 def scenarios() -> dict[str, Any]:
+    """What the Ray scenarios saw: from the tree that the pytest process started before the workers, or one
+    started here (:mod:`tests.ray_tree`). Every process of its head is ended either way, failure included."""
     pytest.importorskip("ray", reason="the ray extra is not installed (uv sync --extra ray)")
-    wrapper = _private_network_namespace()
-    temp_dir = tempfile.mkdtemp(prefix="rs-", dir="/tmp")  # short: Ray's socket paths live under it
-    out = Path(temp_dir) / "scenarios.json"
-    process = subprocess.Popen(
-        [*wrapper, sys.executable, "-m", "tests.ray_scenarios", temp_dir, str(out)],
-        cwd=REPO_ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    namespace, pin = _pinned_namespace(process)
+    tree, started = ray_tree.started_early(), None
+    if tree is None:
+        wrapper, why_not = ray_tree.namespace_wrapper()
+        if wrapper is None:
+            unavailable(why_not)
+        started = ray_tree.start(wrapper)
+        tree = started.tree
     try:
-        output, _ = process.communicate(timeout=SCENARIOS_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        output, _ = process.communicate()
-        pytest.fail(f"the Ray scenarios did not finish within {SCENARIOS_TIMEOUT_S} s:\n{output[-4000:]}")
+        facts = ray_tree.collect(tree)
     finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-        ended = _end_ray_processes(namespace, temp_dir)
-        left = _processes_in(namespace) if namespace else None
-        if pin is not None:
-            os.close(pin)
-    facts = json.loads(out.read_text()) if out.exists() else {"error": f"no result; output:\n{output[-4000:]}"}
-    facts["clean_up"] = {
-        "namespace": namespace,
-        "ended": sorted(ended.values()),
-        "left": sorted(left.values()) if left is not None else None,
-    }
-    shutil.rmtree(temp_dir, ignore_errors=True)
+        if started is not None:
+            started.release()
     assert "error" not in facts, facts["error"]
     assert facts["loopback_up"]["returncode"] == 0, facts["loopback_up"]
     for failure in facts.get("head_failures", []):  # a try that failed before the head came up (ray_scenarios)
         print(f"\nray start --head failed on port {failure['port']} after {failure['wall_s']} s:\n{failure['stderr']}")
     head = facts["head"]
     assert head["returncode"] == 0, f"ray start --head: {head}; stderr ends:\n{head.get('stderr', '')[-3000:]}"
+    where = "before the suite's workers" if started is None else "by this test"
+    print(f"\nray start --head, started {where}: up in {head['wall_s']} s")
     return facts
 
 
