@@ -199,14 +199,15 @@ def _processes_in(namespace: str) -> dict[int, str]:
 def end(tree: Tree) -> dict[int, str]:
     """Kill the tree's session, then every process in its network namespace until none is left (bounded).
 
-    Returns the namespace's processes it found. Without a namespace, the command line is all there is to go by.
+    Returns the namespace's processes it found, counted before the first kill: Ray's GCS, raylet and dashboard
+    share the tree's process group, and die with it. Without a namespace, the command line is all there is to go by.
     """
+    found = _processes_in(tree.namespace) if tree.namespace else {}
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(tree.pid, signal.SIGKILL)
     if tree.namespace is None:
         subprocess.run(["pkill", "-KILL", "-f", tree.temp_dir], capture_output=True, timeout=30, check=False)
         return {}
-    found: dict[int, str] = {}
     deadline = time.monotonic() + CLEANUP_S
     while (alive := _processes_in(tree.namespace)) and time.monotonic() < deadline:
         found.update(alive)
