@@ -30,7 +30,8 @@ os.environ.setdefault("NEMO_RL_SHIM_FORK_RANKS", "1")
 #: Files in the order pytest-xdist hands them out (``--no-loadscope-reorder`` in pyproject.toml: by default
 #: it reorders files by their number of tests, which left the few-test, long-waiting files below for last).
 #: Longest first, by their durations in a default-lane run (seconds, on 2 busy cores, module fixtures
-#: included): each of six workers starts with one of the first six and is also handed one of the next six.
+#: included; measured before bytecode was compiled at install, when every file took about twice as long):
+#: each of six workers starts with one of the first six and is also handed one of the next six.
 LONGEST_FIRST = (
     "test_preflight.py",  # 189
     "test_pin_bump.py",  # 181: a relock and sync of a copy

@@ -11,7 +11,7 @@ with the GCS (``ray/_private/node.py``). Started at the suite's start-up peak (s
 torch on 2 cores), it missed that in CI on both of its tries (``Failed to get node info: Deadline
 Exceeded``, exit 1 after 78 s). So when a run selects ``tests/test_ray_preflight.py`` with neither
 ``-k`` nor ``-m`` (the README's test command), ``tests/conftest.py`` starts the tree in the pytest
-process before the xdist workers exist, and waits until its head is up (about 14 s on an idle
+process before the xdist workers exist, and waits until its head is up (6 s on an idle
 machine) or has failed. The tree's drivers then run beside the suite, and the test's fixture
 :func:`collect` s what they saw. Any other selection starts the tree from the fixture, on demand.
 """
