@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -84,7 +83,6 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     started = config.stash.get(_EARLY_RAY_TREE, None)
     if started is not None:  # the test has collected it already, unless it was not run
         started.release()
-        shutil.rmtree(started.tree.temp_dir, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
