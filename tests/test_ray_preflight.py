@@ -94,10 +94,21 @@ def test_a_stalled_actor_is_named_in_one_line_within_the_bound(scenarios, record
     actor = r"\(actor nemo-rl-shim-preflight-[0-9a-f]{8}-rank%d on node 127\.0\.0\.1\)"
     expected = (
         rf"preflight: FAILED: ranks 0, 1 did not finish within {STALL_TIMEOUT_S} s \(--timeout-s\): "
-        rf"rank 0 {actor % 0} was in all_reduce on group default; "
-        rf"rank 1 {actor % 1} was in stalling 3600 s after set-up \(fault injection\)"
+        rf"rank 0 {actor % 0} was in all_reduce on group default for (\d+) s; "
+        rf"rank 1 {actor % 1} was in stalling 3600 s after set-up \(fault injection\) for (\d+) s"
     )
-    assert re.fullmatch(expected, line), line
+    stuck = {r["rank"]: r for r in run["report"]["ranks"]}
+    stacks = "\n".join(f"rank {rank}: {r.get('stack')}" for rank, r in stuck.items())
+    found = re.fullmatch(expected, line)
+    assert found, f"{line}\nwhere each rank was:\n{stacks}\nthe run's stderr:\n{run['stderr']}"
+    # Each rank has been in its phase since its set-up ended, which fell inside the run's bound.
+    waited, stalled = (int(found[i]) for i in (1, 2))
+    assert 0 <= waited <= STALL_TIMEOUT_S and 0 <= stalled <= STALL_TIMEOUT_S, line
+    assert round(stuck[0]["phase_s"]) == waited and round(stuck[1]["phase_s"]) == stalled, stacks
+    # Where: rank 1 in the fault injection's sleep, rank 0 inside its all_reduce (innermost frames, innermost last).
+    assert re.fullmatch(r"nemo_rl_shim/cli/_rank_checks\.py:\d+ in check_rank", stuck[1]["stack"][-1]), stacks
+    assert any(" in _group_row" in frame for frame in stuck[0]["stack"]), stacks
+    assert "check_rank" not in stuck[0]["stack"][-1], stacks
     assert run["report"]["timed_out"] is True and run["report"]["ok"] is False
     record_property("stall_report_s", run["wall_s"])
     print(f"\nstalled actor reported after {run['wall_s']} s (--timeout-s {STALL_TIMEOUT_S})")
@@ -112,7 +123,7 @@ def test_a_peer_that_gives_up_ends_the_run_before_its_bound(scenarios, record_pr
         "(its cpu all_reduce on group default timed out): rank 1 (actor nemo-rl-shim-preflight-"
     )
     assert expected in line, line
-    assert "was in stalling 3600 s after set-up (fault injection)" in line, line
+    assert re.search(r"was in stalling 3600 s after set-up \(fault injection\) for \d+ s$", line), line
     assert run["report"]["timed_out"] is False and run["report"]["ok"] is False
     (rank_0,) = [r for r in run["report"]["ranks"] if r["rank"] == 0]
     outcomes = [row["cpu_all_reduce"] for row in rank_0["rows"]]

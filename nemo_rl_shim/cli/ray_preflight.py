@@ -14,10 +14,12 @@ an address; inside the allocation ``ray.sub`` starts, ``auto``):
 * each rank's node (id, address, host name) is in the report.
 
 Bounded: ``--timeout-s`` runs from connecting to the last result. A rank still running
-then is named with what it was doing (each actor answers a ``phase`` call while its checks
-run); an actor that dies, or whose checks gave up on a stalled peer (a collective timed out), is
-named at once and the others get :data:`FAILURE_GRACE_S` to finish; one still running then is
-named with its phase. The actors and the placement group are removed on every path, failure included,
+then is named with what it was doing, for how long, and where (each actor answers a ``phase``
+call while its checks run: a long ``setup_distributed`` is a slow or stuck start, not a stalled
+peer; the JSON report adds the rank's innermost Python frames). An actor that dies, or whose
+checks gave up on a stalled peer (a collective timed out), is named at once and the others get
+:data:`FAILURE_GRACE_S` to finish; one still running then is named with its phase. The actors
+and the placement group are removed on every path, failure included,
 and the driver disconnects.
 """
 
@@ -86,6 +88,8 @@ class _PreflightRank:
 
     def __init__(self) -> None:
         self._phase = "started"
+        self._since = time.monotonic()
+        self._thread: int | None = None  # the thread running the checks, once they start
 
     def locate(self) -> dict[str, Any]:
         import ray
@@ -102,15 +106,17 @@ class _PreflightRank:
 
         return free_port("")
 
-    def phase(self) -> str:
-        return self._phase
+    def phase(self) -> tuple[str, float, list[str]]:
+        """What the rank is doing, for how many seconds it has been at it, and where (the innermost frames)."""
+        return self._phase, time.monotonic() - self._since, _innermost_frames(self._thread)
 
     def _set_phase(self, what: str) -> None:
-        self._phase = what
+        self._phase, self._since = what, time.monotonic()
 
     def run(self, env: dict[str, str], params: dict[str, Any]) -> dict[str, Any]:
         os.environ.update(env)
-        self._phase = "importing torch and nemo-automodel"
+        self._thread = threading.get_ident()
+        self._set_phase("importing torch and nemo-automodel")
         import torch.distributed as dist
 
         from nemo_rl_shim.cli._rank_checks import check_rank
@@ -122,6 +128,27 @@ class _PreflightRank:
         finally:
             if dist.is_initialized():
                 dist.destroy_process_group()
+
+
+def _innermost_frames(thread: int | None, depth: int = 8) -> list[str]:
+    """``path:line in function`` of ``thread``'s innermost Python frames, innermost last (``[]`` if it is not
+    running). A rank blocked in C++ (a rendezvous, a collective) shows the Python call that entered it."""
+    frame = sys._current_frames().get(thread) if thread is not None else None
+    if frame is None:
+        return []
+    roots = sorted((entry.rstrip("/") + "/" for entry in sys.path if entry), key=len, reverse=True)
+
+    def short(path: str) -> str:  # as imported: torch/distributed/..., nemo_rl_shim/cli/...
+        return next((path[len(root) :] for root in roots if path.startswith(root)), path)
+
+    frames = traceback.extract_stack(frame)[-depth:]
+    return [f"{short(f.filename)}:{f.lineno} in {f.name}" for f in frames]
+
+
+def _in_phase(result: dict[str, Any]) -> str:
+    """``all_reduce on group default for 78 s``: how long tells a slow start from a stuck one."""
+    seconds = result.get("phase_s")
+    return result["phase"] if seconds is None else f"{result['phase']} for {seconds:.0f} s"
 
 
 def _watchdog(seconds: float) -> threading.Timer:
@@ -253,8 +280,8 @@ class _Run:
         """Ranks still running at the deadline, or :data:`FAILURE_GRACE_S` after a peer failed or gave up."""
         self.timed_out = failed_at is None
         for rank in stuck:
-            results[rank] = {"rank": rank, "error": "did not finish", "phase": self._phase(rank)}
-        where = "; ".join(f"{self.describe(r)} was in {results[r]['phase']}" for r in stuck)
+            results[rank] = {"rank": rank, "error": "did not finish", **self._phase(rank)}
+        where = "; ".join(f"{self.describe(r)} was in {_in_phase(results[r])}" for r in stuck)
         ranks = f"{'ranks' if len(stuck) > 1 else 'rank'} {', '.join(map(str, stuck))}"
         if failed_at is None:
             self.problems.append(f"{ranks} did not finish within {self.options.timeout_s:g} s (--timeout-s): {where}")
@@ -274,13 +301,16 @@ class _Run:
             return {"rank": rank, "error": str(e)}
         return result
 
-    def _phase(self, rank: int) -> str:
+    def _phase(self, rank: int) -> dict[str, Any]:
+        """``{"phase": what, "phase_s": for how long, "stack": innermost frames}`` as the actor says (``phase_s``
+        None, and no ``stack``, if it cannot)."""
         import ray
 
         try:
-            return str(ray.get(self.actors[rank].phase.remote(), timeout=_PHASE_ANSWER_S))
+            what, seconds, frames = ray.get(self.actors[rank].phase.remote(), timeout=_PHASE_ANSWER_S)
         except Exception as e:  # a dead or wedged actor cannot say; that is the finding
-            return f"an unknown phase (the actor did not answer: {type(e).__name__})"
+            return {"phase": f"an unknown phase (the actor did not answer: {type(e).__name__})", "phase_s": None}
+        return {"phase": str(what), "phase_s": round(float(seconds), 1), "stack": list(frames)}
 
     def clean_up(self) -> None:
         """Kill every actor and remove the placement group, then wait (bounded) until Ray no longer lists them."""
