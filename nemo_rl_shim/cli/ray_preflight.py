@@ -265,9 +265,9 @@ class _Run:
             for ref in done:
                 rank = refs[ref]
                 results[rank] = self._result(ref, rank)
-                if failed_at is None and ("rows" not in results[rank] or gave_up_on_peers(results[rank])):
+                gave_up = gave_up_on_peers(results[rank])
+                if failed_at is None and ("rows" not in results[rank] or gave_up):
                     failed_at = time.monotonic()
-                    gave_up = gave_up_on_peers(results[rank])
                     why = f"rank {rank} gave up on its peers ({gave_up})" if gave_up else None
             self.progress(f"{len(results)} of {len(refs)} ranks finished")
         if pending:
