@@ -7,6 +7,7 @@ and past ``limit`` parts only the first ones and the count are kept.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
 
 __all__ = ["format_ranks", "rank_runs"]
@@ -31,7 +32,7 @@ def _stride(ordered: list[int]) -> int | None:
     if len(ordered) < 3:
         return None
     step = ordered[1] - ordered[0]
-    if step <= 1 or any(b - a != step for a, b in zip(ordered, ordered[1:], strict=False)):
+    if step <= 1 or any(b - a != step for a, b in itertools.pairwise(ordered)):
         return None
     return step
 
