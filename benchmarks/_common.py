@@ -1,7 +1,7 @@
 """Helpers shared by ``startup_cost.py``, ``process_groups.py`` and ``hang_detection.py``.
 
 Driver side: run the rank function on real local processes
-(:func:`nemo_rl_shim.cli.launch.spawn_ranks`), print tables, write JSON under
+(:func:`nemo_rl_shim.cli.preflight.spawn.spawn_ranks`), print tables, write JSON under
 ``benchmarks/results/``. Rank side: :class:`RankSync`, a key-value store that
 outlives every process group, so one set of rank processes (paying torch's and
 Automodel's import once) can create, use and destroy several default groups in
@@ -106,9 +106,9 @@ def run_ranks(target: str, params: Any, *, world_size: int, timeout_s: float) ->
 
     The repository root goes first on the ranks' ``PYTHONPATH`` so ``benchmarks.*``
     imports wherever the script was started from. Any failed rank raises
-    :class:`nemo_rl_shim.cli.launch.RanksFailed` with its traceback.
+    :class:`nemo_rl_shim.cli.preflight.spawn.RanksFailed` with its traceback.
     """
-    from nemo_rl_shim.cli.launch import spawn_ranks
+    from nemo_rl_shim.cli.preflight.spawn import spawn_ranks
 
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     start = time.perf_counter()
@@ -133,7 +133,7 @@ def build_directly(
 
 def set_rank_env(rank: int, world_size: int, port: int) -> None:
     """Point ``env://`` rendezvous (what ``setup_distributed`` uses) at ``port`` for ``world_size`` ranks."""
-    from nemo_rl_shim.cli.launch import launcher_env
+    from nemo_rl_shim.cli.preflight.spawn import launcher_env
 
     os.environ.update(launcher_env(rank, world_size, port))
 
@@ -176,7 +176,7 @@ class RankSync:
     def port(self, key: str) -> int:
         """A free loopback port chosen by rank 0, the same on every rank that asks for ``key``."""
         if self.rank == 0:
-            from nemo_rl_shim.cli.launch import free_port
+            from nemo_rl_shim.cli.preflight.spawn import free_port
 
             self.store.set(f"port/{key}", str(free_port()))
         return int(self.store.get(f"port/{key}"))

@@ -1,7 +1,7 @@
 """What ``preflight --dry-run`` costs as the world grows: wall time, peak memory, groups recorded.
 
 Each world is measured in a fresh interpreter (``--one``), so its peak memory is its own:
-the dry run of :mod:`nemo_rl_shim.cli.dry_run`, through the real set-up path (the decision,
+the dry run of :mod:`nemo_rl_shim.cli.preflight.dry_run`, through the real set-up path (the decision,
 the keep-cpu-backend layer, Automodel's ``MeshContext.build``) on torch's fake backend, for
 a CPU-offload config at 45 minutes with ``patch_automodel: true``. Wall time excludes the
 imports (torch, Automodel: measured apart and reported). Peak memory is the process's
@@ -63,8 +63,7 @@ def measure_one(world: int) -> dict[str, Any]:
     import nemo_automodel.components.distributed.mesh_utils  # noqa: F401
     import torch.distributed.fsdp  # noqa: F401  (the set-up's imports, timed apart)
 
-    from nemo_rl_shim.cli.dry_run import run_dry
-    from nemo_rl_shim.cli.options import build_options
+    from nemo_rl_shim.cli.preflight import build_options, run_preflight
 
     imports_s = time.perf_counter() - start
     sizes = layout(world)
@@ -72,7 +71,7 @@ def measure_one(world: int) -> dict[str, Any]:
     options = dataclasses.replace(options, dry_run=True, world_size=world, world_source=f"--world {world}")
     rss_before = _rss_mb()
     start = time.perf_counter()
-    report = run_dry(options)
+    report = run_preflight(options)
     wall_s = time.perf_counter() - start
     ranks = [r for r in report.ranks if "process_groups" in r]
     return {

@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     import torch
 
     import automodel_patch
-    from nemo_rl_shim.cli.launch import free_port, spawn_ranks
+    from nemo_rl_shim.cli.preflight.spawn import free_port, spawn_ranks
     from nemo_rl_shim.timeouts import TIMEOUT_API
 
     params = {

@@ -22,7 +22,7 @@ from tests.releases import ReleaseUnavailable, release_env
 
 IN_CI = os.environ.get("NEMO_RL_SHIM_CI") == "1"
 # Ranks started by spawn_ranks are forked from a server that imported torch and nemo-automodel once
-# (nemo_rl_shim.cli.launch): the suite is CPU-bound on those imports on 2 cores. Each rank is still its
+# (nemo_rl_shim.cli.preflight.spawn): the suite is CPU-bound on those imports on 2 cores. Each rank is still its
 # own process with its own environment and real Gloo groups. tests/test_preflight.py runs the command
 # with this unset, so the command's default (a fresh interpreter per rank) stays tested too.
 os.environ.setdefault("NEMO_RL_SHIM_FORK_RANKS", "1")

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import automodel_patch
-from nemo_rl_shim.cli.launch import spawn_ranks
+from nemo_rl_shim.cli.preflight.spawn import spawn_ranks
 from tests.fixture_wheels import STYLES, fixture_version
 from tests.releases import ALL_RELEASES, FIXED_FUNCTION_RELEASES, REPO_ROOT, release_dir
 from tests.workers_patch import patched_release_copy

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from nemo_rl_shim.cli.launch import spawn_ranks
+from nemo_rl_shim.cli.preflight.spawn import spawn_ranks
 from nemo_rl_shim.decision import Action
 from tests.fixture_wheels import JUDGEABLE_STYLES, fixture_version
 from tests.release_facts import SOURCE_PATCH_SUFFIX

@@ -4,7 +4,7 @@ Everything runs in the test process, through the real command (:func:`nemo_rl_sh
 and the real set-up path: the shim's validation and decision, the workaround layers and the
 installed nemo-automodel's ``MeshContext.build`` (0.7.0 here and on the torch-2.11/2.10 lanes,
 0.5.0 on the torch-2.9 lane). What stands in is the boundary this machine lacks: GPUs, NCCL and
-a rendezvous, as :mod:`nemo_rl_shim.cli._fake_world` describes (torch's own fake backend).
+a rendezvous, as :mod:`nemo_rl_shim.cli.preflight.fake_backend` describes (torch's own fake backend).
 
 The seed case: a CPU-offload config at 45 minutes on a 16-rank world with tensor, context and
 expert parallelism. Without the patch, the decision keeps the timeout off the mesh sub-groups
@@ -25,7 +25,7 @@ from torch.distributed import distributed_c10d as c10d
 
 import automodel_patch
 from nemo_rl_shim.cli import main
-from nemo_rl_shim.cli.dry_run import ALL_RANKS_UP_TO, group_shape
+from nemo_rl_shim.cli.preflight.dry_run import ALL_RANKS_UP_TO, group_shape
 
 pytestmark = pytest.mark.skipif(
     automodel_patch.installed_version() is None, reason="nemo-automodel is not installed (the automodel extra)"

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from nemo_rl_shim.cli.launch import spawn_ranks
+from nemo_rl_shim.cli.preflight.spawn import spawn_ranks
 
 __all__: list[str] = []
 

@@ -2,7 +2,7 @@
 
 On a machine without enough CUDA devices every test here is collected and
 skipped with the number found. ``scripts/gpu_check.sh`` runs this file on a GPU
-machine. Each check is one spawn (:func:`nemo_rl_shim.cli.launch.spawn_ranks`),
+machine. Each check is one spawn (:func:`nemo_rl_shim.cli.preflight.spawn.spawn_ranks`),
 so an applied fork fix never leaks into the pytest process.
 """
 
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import automodel_patch
-from nemo_rl_shim.cli.launch import spawn_ranks
+from nemo_rl_shim.cli.preflight.spawn import spawn_ranks
 
 pytestmark = pytest.mark.gpu
 

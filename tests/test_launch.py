@@ -11,8 +11,9 @@ import socket
 
 import pytest
 
-from nemo_rl_shim.cli import launch
-from nemo_rl_shim.cli._rank_checks import gave_up_on_peers
+from nemo_rl_shim.cli.preflight import spawn
+from nemo_rl_shim.cli.preflight.rank_checks import gave_up_on_peers
+from nemo_rl_shim.cli.preflight.stuck import FAILURE_GRACE_S
 
 __all__: list[str] = []
 
@@ -24,21 +25,21 @@ def test_a_taken_rendezvous_port_is_retried_on_a_fresh_one(monkeypatch: pytest.M
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
         picks = [taken.getsockname()[1]]
-        real_free_port = launch.free_port
+        real_free_port = spawn.free_port
 
         def picker() -> int:
             picks.append(real_free_port())
             return picks[-2] if len(picks) == 2 else picks[-1]
 
-        monkeypatch.setattr(launch, "free_port", picker)
-        results = launch.spawn_ranks("tests.worlds:rendezvous", {}, world_size=2, timeout_s=180)
+        monkeypatch.setattr(spawn, "free_port", picker)
+        results = spawn.spawn_ranks("tests.worlds:rendezvous", {}, world_size=2, timeout_s=180)
     assert [r.result["sum"] for r in results] == [2.0, 2.0]
     assert {r.result["port"] for r in results} == {picks[-1]} != {picks[0]}, picks
     assert len(picks) == 3, f"expected one lost port, then one retry: {picks}"
 
 
 def test_a_real_failure_is_not_retried() -> None:
-    results = launch.spawn_ranks("tests.worlds:no_such_function", {}, world_size=1, timeout_s=60, check=False)
+    results = spawn.spawn_ranks("tests.worlds:no_such_function", {}, world_size=1, timeout_s=60, check=False)
     (result,) = results
     assert not result.ok and "AttributeError" in result.error
 
@@ -46,12 +47,12 @@ def test_a_real_failure_is_not_retried() -> None:
 def test_a_rank_that_gave_up_on_its_peers_ends_the_run_after_the_grace() -> None:
     """Rank 0 finishes but says a collective timed out on its peers: rank 1 gets 15 s, then is killed and named."""
     params = {"stall_rank": 1, "result": {"gave_up": "its cpu all_reduce on group default timed out"}}
-    results = launch.spawn_ranks(
+    results = spawn.spawn_ranks(
         "tests.worlds:stall_or_report", params, world_size=2, timeout_s=600, check=False, gave_up=gave_up_on_peers
     )
     assert results[0].ok and not results[1].ok and not results[1].timed_out
     why = (
-        f"still running {launch.FAILURE_GRACE_S:g} s after rank 0 gave up on its peers "
+        f"still running {FAILURE_GRACE_S:g} s after rank 0 gave up on its peers "
         "(its cpu all_reduce on group default timed out)"
     )
     assert (results[1].killed_because, results[1].error) == (why, f"rank 1 killed: {why}")
@@ -60,7 +61,7 @@ def test_a_rank_that_gave_up_on_its_peers_ends_the_run_after_the_grace() -> None
 def test_a_rank_that_finishes_cleanly_does_not_end_the_others_the_deadline_does() -> None:
     """A finished rank that gave up on nothing is no reason to stop: the deadline (20 s, past the 15 s grace) is."""
     params = {"stall_rank": 1, "result": {"gave_up": None}}
-    results = launch.spawn_ranks(
+    results = spawn.spawn_ranks(
         "tests.worlds:stall_or_report", params, world_size=2, timeout_s=20, check=False, gave_up=gave_up_on_peers
     )
     assert [(r.ok, r.timed_out, r.killed_because) for r in results] == [(True, False, None), (False, True, None)]

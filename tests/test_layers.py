@@ -68,7 +68,7 @@ def _is_cli(module: str) -> bool:
 
 
 def test_the_graph_is_read_from_every_module() -> None:
-    assert {"automodel_patch._apply", "nemo_rl_shim.distributed_setup", "nemo_rl_shim.cli.ray_preflight"} <= set(GRAPH)
+    assert {"automodel_patch._apply", "nemo_rl_shim.distributed_setup", "nemo_rl_shim.cli.preflight.run"} <= set(GRAPH)
     assert "nemo_rl_shim.groups" in GRAPH["nemo_rl_shim.timeouts"]  # a real edge is seen
 
 

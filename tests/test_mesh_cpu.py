@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import automodel_patch
-from nemo_rl_shim.cli.launch import spawn_ranks
+from nemo_rl_shim.cli.preflight.spawn import spawn_ranks
 
 __all__: list[str] = []
 

@@ -25,9 +25,13 @@ from typing import Any
 import pytest
 
 from nemo_rl_shim.cli import preflight
-from nemo_rl_shim.cli._rank_checks import SKIPPED
-from nemo_rl_shim.cli.launch import free_port
-from nemo_rl_shim.cli.ray_preflight import plan_ray_ranks
+from nemo_rl_shim.cli.preflight.join import Launcher, detect_launcher
+from nemo_rl_shim.cli.preflight.options import DEFAULT_SECTION
+from nemo_rl_shim.cli.preflight.rank_checks import SKIPPED
+from nemo_rl_shim.cli.preflight.ray_actors import bundle_of, plan_note, plan_ray_ranks
+from nemo_rl_shim.cli.preflight.report import COLUMNS, find_problems
+from nemo_rl_shim.cli.preflight.runner import RankPlan, plan_ranks
+from nemo_rl_shim.cli.preflight.spawn import free_port
 from tests.at_once import Finished, run_at_once
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -59,7 +63,7 @@ def _table(stdout: str) -> dict[str, list[str]]:
     lines = stdout.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("group "))
     header = lines[start]
-    columns = [header.index(name) for name in preflight.COLUMNS]
+    columns = [header.index(name) for name in COLUMNS]
     rows = {}
     for line in lines[start + 1 :]:
         if not line.strip() or line.startswith("("):
@@ -122,7 +126,7 @@ def test_default_run_exits_0_with_45_minutes_on_every_group(runs):
     assert default_run.returncode == 0, default_run.stderr[-3000:]
     rows = _table(default_run.stdout)
     assert {"default", "pp", "dp_replicate", "dp_shard", "cp", "tp", "dp", "dp_cp", "dp_shard_cp"} <= set(rows)
-    timeout, cpu, cuda = (preflight.COLUMNS.index(c) for c in ("timeout", "cpu all_reduce", "cuda all_reduce"))
+    timeout, cpu, cuda = (COLUMNS.index(c) for c in ("timeout", "cpu all_reduce", "cuda all_reduce"))
     assert {name: cells[timeout] for name, cells in rows.items() if cells[timeout] != "45 min"} == {}
     assert {cells[cpu] for cells in rows.values()} == {"ok"}
     assert {cells[cuda] for cells in rows.values()} == {"n/a"}  # no GPU here
@@ -165,7 +169,7 @@ def test_no_patch_on_0_7_0_leaves_cpu_subgroups_at_gloo_default_and_every_rank_f
     assert (report["launcher"], report["decision"]["action"]) == ("slurm", "forward")
     assert "sub-groups keep gloo's 30-minute default" in report["decision"]["warning"]
     line = _failure_line(stderr)
-    assert "has 30 min, configured 45 min (ranks 0, 1)" in line
+    assert "has 30 min, configured 45 min (ranks 0-1)" in line
     # Every group the mesh build made itself is short: the size-1 axes, and where torch gives a world-sized
     # axis its own group rather than the default one (torch 2.9), that one too.
     separate = [row["group"] for row in report["ranks"][0]["rows"] if not row["is_default"]]
@@ -180,7 +184,7 @@ def test_build_options_default_is_45_minutes_cpu_offload_patch_on():
     options = preflight.build_options()
     assert (options.timeout_minutes, options.timeout_minutes_after_init, options.cpu_offload) == (45.0, None, True)
     assert options.section["automodel_cfg"]["patch_automodel"] is True
-    assert preflight.build_options().section is not preflight.DEFAULT_SECTION
+    assert preflight.build_options().section is not DEFAULT_SECTION
 
 
 def test_build_options_flags_override_the_config_section(tmp_path):
@@ -222,23 +226,25 @@ def test_build_options_needs_the_role_section(tmp_path):
 
 
 def test_plan_ranks_one_per_gpu_else_two_cpu_ranks():
-    assert preflight.plan_ranks(None, 0) == preflight.RankPlan(2, "cpu", note="no CUDA device: CPU ranks on gloo")
-    assert preflight.plan_ranks(None, 4) == preflight.RankPlan(4, "cuda")
-    assert preflight.plan_ranks(2, 4).world_size == 2
-    one = preflight.plan_ranks(None, 1)
+    gpus = "the 4 CUDA devices"
+    assert plan_ranks(None, 0, gpus) == RankPlan(2, "cpu", {"CUDA_VISIBLE_DEVICES": ""})
+    assert plan_ranks(None, 4, gpus) == RankPlan(4, "cuda")
+    assert plan_ranks(2, 4, gpus).world_size == 2
+    assert plan_ranks(3, 0, gpus).world_size == 3
+    one = plan_ranks(None, 1, gpus)
     assert (one.world_size, one.device, one.env) == (2, "cpu", {"CUDA_VISIBLE_DEVICES": ""})
     with pytest.raises(ValueError, match="--nproc 8 exceeds the 4 CUDA devices"):
-        preflight.plan_ranks(8, 4)
+        plan_ranks(8, 4, gpus)
 
 
 def test_detect_launcher_torchrun_slurm_or_none():
     master = {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
     torchrun = {**master, "RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1"}
     slurm = {**master, "SLURM_PROCID": "5", "SLURM_NTASKS": "16", "SLURM_LOCALID": "2"}
-    assert preflight.detect_launcher(torchrun) == preflight.Launcher("torchrun", 3, 8, 1)
-    assert preflight.detect_launcher(slurm) == preflight.Launcher("slurm", 5, 16, 2)
-    assert preflight.detect_launcher({"SLURM_PROCID": "0", "SLURM_NTASKS": "2"}) is None  # no rendezvous address
-    assert preflight.detect_launcher({}) is None
+    assert detect_launcher(torchrun) == Launcher("torchrun", 3, 8, 1)
+    assert detect_launcher(slurm) == Launcher("slurm", 5, 16, 2)
+    assert detect_launcher({"SLURM_PROCID": "0", "SLURM_NTASKS": "2"}) is None  # no rendezvous address
+    assert detect_launcher({}) is None
 
 
 def _row(group: str, **overrides: Any) -> dict[str, Any]:
@@ -263,20 +269,20 @@ def test_find_problems_names_a_group_without_its_cpu_half_under_cpu_offload():
     lost = _row("tp", backends={"cuda": "nccl"}, timeout_minutes={"cuda": 45.0},
                 cpu_all_reduce="failed: RuntimeError: No backend type associated with device type cpu")  # fmt: skip
     ranks = [_rank(r, [_row("default"), lost], {"ok": False, "error": "RuntimeError: No backend type"}) for r in (0, 1)]
-    problems = preflight.find_problems(ranks, preflight.build_options())
+    problems = find_problems(ranks, preflight.build_options())
     assert problems == [
-        "group tp: no CPU backend under CPU offload (backends cuda:nccl) (ranks 0, 1)",
-        "group tp: CPU all_reduce failed: RuntimeError: No backend type associated with device type cpu (ranks 0, 1)",
-        "full_tensor() of a CPU-offloaded parameter on mesh dp failed: RuntimeError: No backend type (ranks 0, 1)",
+        "group tp: no CPU backend under CPU offload (backends cuda:nccl) (ranks 0-1)",
+        "group tp: CPU all_reduce failed: RuntimeError: No backend type associated with device type cpu (ranks 0-1)",
+        "full_tensor() of a CPU-offloaded parameter on mesh dp failed: RuntimeError: No backend type (ranks 0-1)",
     ]
 
 
 def test_find_problems_is_empty_for_a_clean_run_and_report_problem_is_one_line():
     options = preflight.build_options(overrides={"timeout_minutes_after_init": 10})
     clean = [_rank(r, [_row("default", timeout_minutes_after_init={"cpu": 10.0, "cuda": 10.0})]) for r in (0, 1)]
-    assert preflight.find_problems(clean, options) == []
+    assert find_problems(clean, options) == []
     steady_off = [_rank(0, [_row("dp", timeout_minutes_after_init={"cpu": 45.0, "cuda": 10.0})])]
-    assert preflight.find_problems(steady_off, options) == [
+    assert find_problems(steady_off, options) == [
         "group dp: cpu:gloo has 45 min after init, configured 10 min (rank 0)"
     ]
     report = preflight.PreflightReport("spawn", 2, options, [], 1.0, problems=["a", "b", "c"])
@@ -288,7 +294,7 @@ def test_find_problems_reports_a_rank_failure_by_its_last_traceback_line():
         {"rank": 0, "error": "rank 0 exited -9 before reporting"},
         {"rank": 1, "error": "Traceback (most recent call last):\n  ...\nValueError: world_size (2) must be divisible"},
     ]
-    problems = preflight.find_problems(ranks, preflight.build_options())
+    problems = find_problems(ranks, preflight.build_options())
     assert problems[0] == "rank failed: ValueError: world_size (2) must be divisible (rank 1)"
 
 
@@ -296,7 +302,7 @@ def test_find_problems_puts_a_rank_s_own_failure_before_the_ranks_killed_after_i
     why = "still running 15 s after rank 0 failed (exit 1)"
     killed = {"rank": 1, "error": f"rank 1 killed: {why}", "killed_because": why}
     own = {"rank": 0, "error": "Traceback (most recent call last):\nRuntimeError: boom"}
-    problems = preflight.find_problems([own, killed], preflight.build_options())
+    problems = find_problems([own, killed], preflight.build_options())
     assert problems == ["rank failed: RuntimeError: boom (rank 0)"]
 
 
@@ -308,10 +314,10 @@ def test_find_problems_names_the_ranks_killed_after_a_peer_gave_up_and_skips_its
     gave_up = _rank(0, rows, {"method": "m", "skipped": SKIPPED})
     why = "still running 15 s after rank 0 gave up on its peers (its cpu all_reduce on group default timed out)"
     killed = {"rank": 1, "error": f"rank 1 killed: {why}", "killed_because": why}
-    assert preflight.find_problems([gave_up, killed], options) == [
+    assert find_problems([gave_up, killed], options) == [
         f"rank 1 did not finish: {why}: a rank is stuck in a collective"
     ]
-    assert preflight.find_problems([gave_up], options) == [f"group default: CPU all_reduce {timed_out} (rank 0)"]
+    assert find_problems([gave_up], options) == [f"group default: CPU all_reduce {timed_out} (rank 0)"]
 
 
 def test_find_problems_names_a_start_up_shortfall_per_half_and_per_value():
@@ -320,21 +326,22 @@ def test_find_problems_names_a_start_up_shortfall_per_half_and_per_value():
     short = _row("pp", timeout_minutes={"cpu": 10.0, "cuda": 10.0})
     split = _row("tp", timeout_minutes={"cpu": 45.0, "cuda": 30.0})
     ranks = [_rank(r, [_row("default"), short, split]) for r in (0, 1)]
-    assert preflight.find_problems(ranks, options) == [
-        "group pp: cpu:gloo,cuda:nccl has 10 min, configured 45 min (ranks 0, 1)",
-        "group tp: cuda:nccl has 30 min, configured 45 min (ranks 0, 1)",
+    assert find_problems(ranks, options) == [
+        "group pp: cpu:gloo,cuda:nccl has 10 min, configured 45 min (ranks 0-1)",
+        "group tp: cuda:nccl has 30 min, configured 45 min (ranks 0-1)",
     ]
 
 
 def test_plan_ray_ranks_one_gpu_bundle_per_gpu_else_two_cpu_bundles():
     cpu = plan_ray_ranks(None, 0)
-    assert (cpu.world_size, cpu.bundle, cpu.env) == (2, {"CPU": 1}, {"CUDA_VISIBLE_DEVICES": ""})
-    assert cpu.note == "no GPU in the Ray cluster: 2 CPU bundles (gloo), strategy PACK"
+    assert (cpu.world_size, bundle_of(cpu), cpu.env) == (2, {"CPU": 1}, {"CUDA_VISIBLE_DEVICES": ""})
+    assert plan_note(cpu, 0) == "no GPU in the Ray cluster: 2 CPU bundles (gloo), strategy PACK"
     gpu = plan_ray_ranks(None, 8)
-    assert (gpu.world_size, gpu.bundle, gpu.env) == (8, {"CPU": 1, "GPU": 1}, {})
+    assert (gpu.world_size, bundle_of(gpu), gpu.env) == (8, {"CPU": 1, "GPU": 1}, {})
+    assert plan_note(gpu, 8) == "8 GPU bundles (1 GPU, 1 CPU each), strategy PACK"
     assert plan_ray_ranks(4, 8).world_size == 4
-    assert plan_ray_ranks(None, 1).bundle == {"CPU": 1}  # one GPU cannot hold two NCCL ranks
+    one = plan_ray_ranks(None, 1)
+    assert bundle_of(one) == {"CPU": 1}  # one GPU cannot hold two NCCL ranks
+    assert plan_note(one, 1) == "1 GPU in the Ray cluster, a CUDA run needs 2: 2 CPU bundles (gloo), strategy PACK"
     with pytest.raises(ValueError, match="--nproc 16 exceeds the cluster's 8 GPUs"):
         plan_ray_ranks(16, 8)
-    with pytest.raises(ValueError, match="--nproc must be at least 2, got 1"):
-        plan_ray_ranks(1, 0)

@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from nemo_rl_shim.cli._rank_checks import SKIPPED
-from nemo_rl_shim.cli.ray_preflight import FAILURE_GRACE_S
+from nemo_rl_shim.cli.preflight.rank_checks import SKIPPED
+from nemo_rl_shim.cli.preflight.stuck import FAILURE_GRACE_S
 from tests import ray_tree
 from tests.conftest import unavailable
 from tests.ray_scenarios import PASS_TIMEOUT_S, STALL_TIMEOUT_S
@@ -93,7 +93,7 @@ def test_a_stalled_actor_is_named_in_one_line_within_the_bound(scenarios, record
     line = _failure_line(run)
     actor = r"\(actor nemo-rl-shim-preflight-[0-9a-f]{8}-rank%d on node 127\.0\.0\.1\)"
     expected = (
-        rf"preflight: FAILED: ranks 0, 1 did not finish within {STALL_TIMEOUT_S} s \(--timeout-s\): "
+        rf"preflight: FAILED: ranks 0-1 did not finish within {STALL_TIMEOUT_S} s \(--timeout-s\): "
         rf"rank 0 {actor % 0} was in all_reduce on group default for (\d+) s; "
         rf"rank 1 {actor % 1} was in stalling 3600 s after set-up \(fault injection\) for (\d+) s"
     )

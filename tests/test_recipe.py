@@ -15,7 +15,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from nemo_rl_shim.cli import main
-from nemo_rl_shim.cli.options import build_options
+from nemo_rl_shim.cli.preflight.options import build_options
 from nemo_rl_shim.cli.recipe import RESOLVERS, RecipeError, load_recipe, register_resolvers
 
 __all__: list[str] = []

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 import automodel_patch
-from nemo_rl_shim.cli.launch import spawn_ranks
+from nemo_rl_shim.cli.preflight.spawn import spawn_ranks
 from nemo_rl_shim.decision import Action
 from nemo_rl_shim.distributed_setup import NEMO_RL_FIELDS
 from tests.test_context import SHIM_FIELDS

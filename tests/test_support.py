@@ -24,7 +24,7 @@ import pytest
 import torch
 from packaging.version import Version
 
-from nemo_rl_shim.cli.launch import spawn_ranks
+from nemo_rl_shim.cli.preflight.spawn import spawn_ranks
 from nemo_rl_shim.support import TESTED_PAIRS, AutomodelImport, Support
 from tests.releases import REPO_ROOT
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from automodel_patch._world import simulated_default_group
-from nemo_rl_shim.cli.launch import RankResult, spawn_ranks
+from nemo_rl_shim.cli.preflight.spawn import RankResult, spawn_ranks
 from nemo_rl_shim.distributed_setup import DistributedContext
 from nemo_rl_shim.timeouts import current_timeouts, extended_timeout
 from tests.workers_timeouts import DISTINCT_BASE_S

@@ -23,7 +23,7 @@ import pytest
 import torch
 
 import automodel_patch
-from nemo_rl_shim.cli.launch import spawn_ranks
+from nemo_rl_shim.cli.preflight.spawn import spawn_ranks
 from tests.conftest import unavailable
 from tests.releases import FIXED_FUNCTION_RELEASES, ReleaseUnavailable, release_dir
 from tests.workers_patch import git_apply, source_patched_env

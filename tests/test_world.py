@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from nemo_rl_shim.cli import main
-from nemo_rl_shim.cli._report import PreflightReport, render_report
-from nemo_rl_shim.cli.options import WorldTooLarge, build_options, ranks_for_world
+from nemo_rl_shim.cli.preflight.options import WorldTooLarge, build_options, ranks_for_world
+from nemo_rl_shim.cli.preflight.report import PreflightReport, render_report
 from nemo_rl_shim.cli.world import World, training_world, world_from_flag
 
 __all__: list[str] = []

@@ -1,4 +1,4 @@
-"""Rank-side functions for tests/test_gpu.py, run by :func:`nemo_rl_shim.cli.launch.spawn_ranks`.
+"""Rank-side functions for tests/test_gpu.py, run by :func:`nemo_rl_shim.cli.preflight.spawn.spawn_ranks`.
 
 Each runs in its own process (so an applied fork fix never leaks into pytest),
 does the real work with real NCCL and Gloo, and returns JSON-able facts for the

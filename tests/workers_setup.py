@@ -1,4 +1,4 @@
-"""Rank-side functions for the set-up and decision tests, run by :func:`nemo_rl_shim.cli.launch.spawn_ranks`.
+"""Rank-side functions for the set-up and decision tests, run by :func:`nemo_rl_shim.cli.preflight.spawn.spawn_ranks`.
 
 Each function receives JSON params, does the real work in its own process (real
 torch.distributed on Gloo, the Automodel release that ``PYTHONPATH`` selects)

@@ -1,6 +1,6 @@
 """Rank functions for tests/test_timeouts.py: phase timeouts on real gloo ranks.
 
-Each function runs on every rank started by :func:`nemo_rl_shim.cli.launch.spawn_ranks`,
+Each function runs on every rank started by :func:`nemo_rl_shim.cli.preflight.spawn.spawn_ranks`,
 goes through the real ``setup_distributed`` with the installed Automodel, and
 returns JSON: timeouts in seconds as read back from the groups themselves, and
 the outcome of collectives with one stalled rank.

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from nemo_rl_shim.cli.launch import free_port
+from nemo_rl_shim.cli.preflight.spawn import free_port
 
 __all__ = ["device_mesh_facts", "forget_meshes", "move_to_fresh_port", "rendezvous", "stall_or_report"]
 

@@ -1,10 +1,10 @@
 """``nemo-rl-shim preflight --dry-run``: the training world's set-up, checked rank by rank in this process.
 
 The fourth runner of preflight, beside spawn, torchrun/srun and Ray: the same per-rank
-checks (:func:`nemo_rl_shim.cli._rank_checks.check_rank`, so the real ``setup_distributed``:
+checks (:func:`nemo_rl_shim.cli.preflight.rank_checks.check_rank`, so the real ``setup_distributed``:
 validation, NeMo RL's layout checks, the decision, the workaround layers, Automodel's real
 ``MeshContext.build``) and the same report, but every rank is played in turn by this one
-process on torch's fake backend (:mod:`nemo_rl_shim.cli._fake_world`): no GPU, no network,
+process on torch's fake backend (:mod:`nemo_rl_shim.cli.preflight.fake_backend`): no GPU, no network,
 no other process. Each rank's default group is the one the real run would have:
 ``"cuda:nccl,cpu:gloo"`` under CPU offload, ``"nccl"`` otherwise. Collectives and the
 ``full_tensor()`` check are not run.
@@ -33,24 +33,21 @@ from __future__ import annotations
 import time
 import traceback
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from nemo_rl_shim.cli._fake_world import GPUS_PER_NODE, fake_world
-from nemo_rl_shim.cli._rank_checks import NOT_RUN, check_rank
-from nemo_rl_shim.cli._report import PreflightReport, find_problems
-from nemo_rl_shim.cli.options import MIN_RANKS, PreflightOptions
+from nemo_rl_shim.cli.preflight.fake_backend import GPUS_PER_NODE, fake_backend
+from nemo_rl_shim.cli.preflight.options import MIN_RANKS, PreflightOptions
+from nemo_rl_shim.cli.preflight.rank_checks import NOT_RUN, check_rank
+from nemo_rl_shim.cli.preflight.runner import PROGRESS_EVERY_S, Capacity, Progress, RankPlan, RankRun, Runner
 from nemo_rl_shim.distributed_setup import ParallelSizes, check_layout, parallel_sizes
+from nemo_rl_shim.rank_ranges import format_ranks
 
-__all__ = ["ALL_RANKS_UP_TO", "LAUNCHER", "Mesh", "group_shape", "mesh_of", "run_dry", "sample_ranks"]
+__all__ = ["ALL_RANKS_UP_TO", "LAUNCHER", "DryRunner", "Mesh", "group_shape", "mesh_of", "sample_ranks"]
 
 LAUNCHER = "dry run"
 #: Worlds up to this size are checked on every rank.
 ALL_RANKS_UP_TO = 64
-PROGRESS_EVERY_S = 10.0
-
-Progress = Callable[[str], None]
 
 
 @dataclass(frozen=True)
@@ -98,7 +95,8 @@ def group_shape(name: str, ranks: list[int]) -> tuple[str, tuple[int, ...]]:
     return name, tuple(rank - ranks[0] for rank in ranks)
 
 
-def _world(options: PreflightOptions) -> tuple[int, str]:
+def _world_and_source(options: PreflightOptions) -> tuple[int, str]:
+    """The world a dry run checks, and where it came from: the training world, else ``--nproc``, else 2."""
     if options.world_size is not None:
         return options.world_size, options.world_source or f"{options.world_size} ranks"
     if options.nproc is not None:
@@ -179,7 +177,7 @@ def _details(
     for result in ranks:
         if "process_groups" in result:
             by_count.setdefault(result["process_groups"], []).append(result["rank"])
-    counts = "; ".join(f"{n} on rank{'s' * (len(r) > 1)} {_ranks(r)}" for n, r in sorted(by_count.items()))
+    counts = "; ".join(f"{n} on rank{'s' * (len(r) > 1)} {format_ranks(r)}" for n, r in sorted(by_count.items()))
     calls = next((r["new_group_calls"] for r in ranks if "new_group_calls" in r), 0)
     if len(checked) == world_size:
         which = f"all {world_size}"
@@ -203,37 +201,37 @@ def _without_recorder(section: dict[str, Any]) -> dict[str, Any]:
     return {**section, "automodel_cfg": {**automodel, "flight_recorder": {**recorder, "enabled": False}}}
 
 
-def _ranks(ranks: list[int]) -> str:
-    return ",".join(map(str, ranks)) if len(ranks) <= 6 else f"{ranks[0]},{ranks[1]},...,{ranks[-1]} ({len(ranks)})"
+class DryRunner(Runner):
+    """Every checked rank of the training world, played in turn by this process; see the module docstring."""
 
+    def capacity(self, options: PreflightOptions) -> Capacity:
+        return Capacity(world=_world_and_source(options)[0])
 
-def run_dry(options: PreflightOptions, progress: Progress | None = None) -> PreflightReport:
-    """Check the training world of ``options`` on torch's fake backend; see the module docstring.
+    def plan(self, ranks: int | None) -> RankPlan:
+        return RankPlan(ranks or MIN_RANKS, "fake")
 
-    Raises ``ValueError`` for a layout that cannot be built on that world (exit 2).
-    """
-    progress = progress or (lambda message: None)
-    world_size, source = _world(options)
-    sizes = _check_input(options, world_size)
-    checked = sample_ranks(mesh_of(sizes, world_size), world_size, every_rank=options.all_ranks)
-    params = {**options.params(), "section": _without_recorder(options.section), "dry_run": True, "stall_rank": None}
-    progress(f"dry run of {world_size} ranks ({source}): checking {len(checked)} rank(s) in this process...")
-    start = last = time.monotonic()
-    ranks = []
-    with fake_world(world_size) as world:
-        for done, rank in enumerate(checked, 1):
-            ranks.append(_check_one(world, rank, params))
-            if time.monotonic() - last >= PROGRESS_EVERY_S:
-                last = time.monotonic()
-                progress(f"{done} of {len(checked)} ranks checked, {last - start:.0f} s")
-    report = PreflightReport(LAUNCHER, world_size, options, ranks, time.monotonic() - start)
-    report.details = _details(checked, ranks, world_size, source, options.world_size is not None)
-    report.facts = {
-        "dry_run": {
-            "world_source": source,
-            "checked_ranks": {str(rank): why for rank, why in checked.items()},
-            "process_groups": {str(r["rank"]): r["process_groups"] for r in ranks if "process_groups" in r},
+    def run(self, options: PreflightOptions, ranks: RankPlan, progress: Progress) -> RankRun:
+        """Raises ``ValueError`` for a layout that cannot be built on that world (exit 2)."""
+        world_size, source = ranks.world_size, _world_and_source(options)[1]
+        sizes = _check_input(options, world_size)
+        checked = sample_ranks(mesh_of(sizes, world_size), world_size, every_rank=options.all_ranks)
+        section = _without_recorder(options.section)
+        params = {**options.params(), "section": section, "dry_run": True, "stall_rank": None}
+        progress(f"dry run of {world_size} ranks ({source}): checking {len(checked)} rank(s) in this process...")
+        start = last = time.monotonic()
+        rows = []
+        with fake_backend(world_size) as world:
+            for done, rank in enumerate(checked, 1):
+                rows.append(_check_one(world, rank, params))
+                if time.monotonic() - last >= PROGRESS_EVERY_S:
+                    last = time.monotonic()
+                    progress(f"{done} of {len(checked)} ranks checked, {last - start:.0f} s")
+        facts = {
+            "dry_run": {
+                "world_source": source,
+                "checked_ranks": {str(rank): why for rank, why in checked.items()},
+                "process_groups": {str(r["rank"]): r["process_groups"] for r in rows if "process_groups" in r},
+            }
         }
-    }
-    report.problems = find_problems(ranks, options)
-    return report
+        details = _details(checked, rows, world_size, source, options.world_size is not None)
+        return RankRun(LAUNCHER, world_size, rows, details=details, facts=facts)

@@ -4,8 +4,8 @@ A config is read as NeMo RL reads it (:func:`nemo_rl_shim.cli.recipe.load_recipe
 chains, ``_override_``, Hydra overrides, resolvers), and the training world it asks for is
 computed with NeMo RL's rule (:func:`nemo_rl_shim.cli.world.training_world`), or set with ``--world``.
 
-Shared by the runner (:mod:`nemo_rl_shim.cli.preflight`) and the report
-(:mod:`nemo_rl_shim.cli._report`), so neither imports the other.
+Shared by the runners (:mod:`nemo_rl_shim.cli.preflight.runner`) and the report
+(:mod:`nemo_rl_shim.cli.preflight.report`), so neither imports the other.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ class PreflightOptions:
     world_size: int | None = None
     #: Where ``world_size`` came from, in words (``"cluster.num_nodes 2 x cluster.gpus_per_node 8 = 16 (...)"``).
     world_source: str | None = None
-    #: ``--dry-run``: check the world in this process on torch's fake backend (:mod:`nemo_rl_shim.cli.dry_run`).
+    #: ``--dry-run``: check the world in this process on torch's fake backend (:mod:`.dry_run`).
     dry_run: bool = False
     #: ``--ranks all``: a dry run checks every rank, not a sample that covers every group shape.
     all_ranks: bool = False

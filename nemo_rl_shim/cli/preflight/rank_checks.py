@@ -1,7 +1,7 @@
 """The per-rank half of ``nemo-rl-shim preflight``: real set-up, then one row of facts per process group.
 
-:func:`check_rank` runs on every rank: spawned by :func:`nemo_rl_shim.cli.launch.spawn_ranks`,
-under torchrun / srun, or in a Ray actor (:mod:`nemo_rl_shim.cli.ray_preflight`). It calls the
+:func:`check_rank` runs on every rank: spawned by :func:`nemo_rl_shim.cli.preflight.spawn.spawn_ranks`,
+under torchrun / srun, or in a Ray actor (:mod:`nemo_rl_shim.cli.preflight.ray_actors`). It calls the
 real :func:`~nemo_rl_shim.distributed_setup.setup_distributed`, then reads each
 process group's ranks, backend per device and timeout per backend from the
 group itself, and runs a CPU and a CUDA all-reduce on it. With CPU offload it
@@ -14,7 +14,7 @@ Once a collective times out or loses its peer, the rank gives up on its peers: t
 collectives left, the ``full_tensor()`` check and the steady-timeout barrier would each
 wait as long again on the same stalled rank, so they are reported as :data:`SKIPPED`,
 and the result's ``gave_up`` names the collective that failed (a spawning parent then
-ends the run, :func:`nemo_rl_shim.cli.launch.spawn_ranks`).
+ends the run, :func:`nemo_rl_shim.cli.preflight.spawn.spawn_ranks`).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from nemo_rl_shim.distributed_setup import RuntimeConfig, setup_distributed
+from nemo_rl_shim.error_line import first_line
 from nemo_rl_shim.flight_recorder import dump_on_timeout
 from nemo_rl_shim.groups import axis_mesh, backend_timeouts, group_backends, named_groups
 from nemo_rl_shim.timeouts import after_first_step
@@ -50,11 +51,6 @@ def _minutes(group: Any) -> dict[str, float]:
     return {device: timeout.total_seconds() / 60 for device, timeout in backend_timeouts(group).items()}
 
 
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0] if text else ''}".strip()
-
-
 def _all_reduce(group: Any, device: torch.device) -> str:
     """Sum of (rank + 1) over ``group`` on ``device``: ``"ok"`` or ``"failed: ..."``."""
     ranks = dist.get_process_group_ranks(group)
@@ -63,7 +59,7 @@ def _all_reduce(group: Any, device: torch.device) -> str:
         with dump_on_timeout(f"preflight {device.type} all_reduce on ranks {ranks}"):  # recorder on: dump, ask peers
             dist.all_reduce(value, group=group)
     except Exception as e:  # the failure is the finding: report it to the parent
-        return f"failed: {_first_line(e)}"
+        return f"failed: {first_line(e)}"
     expected = float(sum(rank + 1 for rank in ranks))
     return "ok" if value.item() == expected else f"failed: sum {value.item():g}, expected {expected:g}"
 
@@ -136,7 +132,7 @@ def _offload_check(device_mesh: Any) -> dict[str, Any]:
         if not facts["ok"]:
             facts["error"] = "full_tensor() differs from the unsharded weight"
     except Exception as e:  # "No backend type associated with device type cpu" is the regression
-        facts.update(ok=False, error=_first_line(e))
+        facts.update(ok=False, error=first_line(e))
     return facts
 
 
@@ -157,7 +153,7 @@ def check_rank(params: dict[str, Any], phase: Callable[[str], None] | None = Non
     and the fault injection ``stall_rank`` / ``stall_s``: that rank sleeps
     ``stall_s`` seconds after set-up, so its peers wait in a collective on it.
     ``phase`` is told what the rank is doing as it goes, so a runner that gives up on
-    a stuck rank can say where it was. ``dry_run`` (:mod:`nemo_rl_shim.cli.dry_run`): the
+    a stuck rank can say where it was. ``dry_run`` (:mod:`nemo_rl_shim.cli.preflight.dry_run`): the
     groups are on torch's fake backend, so no collective and no ``full_tensor()`` check runs;
     each is reported as :data:`NOT_RUN`.
     """

@@ -1,6 +1,6 @@
-"""The world a dry run runs in: one process plays one rank of a large world on torch's fake backend.
+"""torch's fake backend, dressed as the real run's groups: one process plays one rank of a large world.
 
-:func:`fake_world` is entered once per dry run; :meth:`FakeWorld.rank` once per checked rank.
+:func:`fake_backend` is entered once per dry run; :meth:`FakeBackend.rank` once per checked rank.
 Inside, the real set-up path (``setup_distributed``: validation, layout checks, the decision,
 the workaround layers, Automodel's ``MeshContext.build``) runs unchanged. What stands in for
 the boundary this machine lacks (GPUs, NCCL, a rendezvous) is, narrowly:
@@ -15,8 +15,8 @@ the boundary this machine lacks (GPUs, NCCL, a rendezvous) is, narrowly:
   torch copies it into NCCL's options and gives it to Gloo, in every version from 2.9 to 2.15),
   and put back in the world's maps, so ``dist.get_backend(group)`` answers as in the real run.
 * **The group object.** The helper builds groups through ``distributed_c10d.ProcessGroup``;
-  here that name is :class:`RecordedGroup`, a ``ProcessGroup`` subclass whose
-  ``_get_backend(device)`` returns a :class:`Half` (``name()`` ``"nccl"`` / ``"gloo"``,
+  here that name is :class:`_RecordedGroup`, a ``ProcessGroup`` subclass whose
+  ``_get_backend(device)`` returns a :class:`_Half` (``name()`` ``"nccl"`` / ``"gloo"``,
   ``options._timeout``, the timeout setters, and the class of the backend it stands for, so
   torch's own ``isinstance`` checks in ``_set_pg_timeout`` accept it). The shim's readers
   (:func:`nemo_rl_shim.groups.group_backends`, ``backend_timeouts``) and its timeout setters
@@ -50,8 +50,9 @@ from torch.distributed import distributed_c10d as c10d
 from torch.distributed.distributed_c10d import BackendConfig
 
 import automodel_patch
+from nemo_rl_shim.cli.preflight.runner import rank_env
 
-__all__ = ["FakeWorld", "GroupRecord", "Half", "RecordedGroup", "fake_world"]
+__all__ = ["GPUS_PER_NODE", "FakeBackend", "GroupRecord", "fake_backend"]
 
 FAKE = "fake"
 #: What ``torch.cuda.device_count`` answers: one node's GPUs, as ``DeviceMesh`` would see them.
@@ -66,7 +67,7 @@ class _Options:
         self._timeout = timeout
 
 
-class Half:
+class _Half:
     """One backend of a recorded group (``"nccl"`` or ``"gloo"``): its name and its timeout.
 
     Reports the class of the backend it stands for (``__class__``), as ``unittest.mock``'s
@@ -82,7 +83,7 @@ class Half:
     @property  # type: ignore[misc]
     def __class__(self) -> type:
         real = getattr(dist, _REAL_CLASSES.get(self._name, ""), None)
-        return real if isinstance(real, type) else Half
+        return real if isinstance(real, type) else _Half
 
     def name(self) -> str:
         return self._name
@@ -96,7 +97,7 @@ class Half:
         return getattr(self._fake, attribute)
 
 
-class RecordedGroup(dist.ProcessGroup):
+class _RecordedGroup(dist.ProcessGroup):
     """A ``ProcessGroup`` built on the fake backend that answers as the real run's group would.
 
     Made by torch's ``_new_process_group_helper`` (through ``distributed_c10d.ProcessGroup``);
@@ -105,7 +106,7 @@ class RecordedGroup(dist.ProcessGroup):
 
     def __init__(self, store: Any, rank: int, size: int) -> None:
         super().__init__(rank, size)  # the (rank, size) constructor is the one a Python subclass may use
-        self.halves: dict[str, Half] = {}
+        self.halves: dict[str, _Half] = {}
 
     def _get_backend(self, device: Any) -> Any:
         kind = torch.device(device).type
@@ -132,7 +133,7 @@ class GroupRecord:
     backend: str
     timeout: datetime.timedelta
     desc: str | None
-    group: RecordedGroup
+    group: _RecordedGroup
 
     def to_dict(self) -> dict[str, Any]:
         halves = self.group.halves
@@ -146,7 +147,7 @@ class GroupRecord:
 
 
 @dataclass
-class FakeWorld:
+class FakeBackend:
     """The dry run's world: its size, the rank being played, and the groups that rank created."""
 
     world_size: int
@@ -160,7 +161,7 @@ class FakeWorld:
         is left, and a workaround layer its set-up applied is taken out again (each real rank decides
         for itself, so the next one must not find it in force)."""
         self.rank_now, self.records, self.new_group_calls = rank, [], 0
-        env = {"RANK": str(rank), "WORLD_SIZE": str(self.world_size), "LOCAL_RANK": str(local_rank)}
+        env = rank_env(rank, self.world_size, local_rank)
         layers_before = set(automodel_patch.active())
         with _environ(env), _fresh_mesh_resources():
             try:
@@ -262,7 +263,7 @@ def _patched(target: Any, name: str, value: Any) -> Iterator[None]:
         setattr(target, name, saved)
 
 
-def _record(world: FakeWorld, helper: Callable[..., Any]) -> Callable[..., Any]:
+def _record(world: FakeBackend, helper: Callable[..., Any]) -> Callable[..., Any]:
     """torch's ``_new_process_group_helper`` on the fake backend, recording what the real run asks for."""
 
     signature = inspect.signature(helper)
@@ -279,10 +280,10 @@ def _record(world: FakeWorld, helper: Callable[..., Any]) -> Callable[..., Any]:
         call.arguments["backend"], call.arguments["backend_options"] = FAKE, None
         group, store = helper(*call.args, **call.kwargs)
         devices = BackendConfig(wanted).get_device_backend_map()
-        by_name: dict[str, Half] = {}
+        by_name: dict[str, _Half] = {}
         for device, name in devices.items():
             if name not in by_name:  # one backend object per backend name, as torch's helper makes
-                by_name[name] = Half(name, timeout, super(RecordedGroup, group)._get_backend(torch.device(device)))
+                by_name[name] = _Half(name, timeout, super(_RecordedGroup, group)._get_backend(torch.device(device)))
             group.halves[device] = by_name[name]
         c10d._world.pg_map[group] = (wanted, store)
         c10d._world.pg_backend_config[group] = str(BackendConfig(wanted))
@@ -293,7 +294,7 @@ def _record(world: FakeWorld, helper: Callable[..., Any]) -> Callable[..., Any]:
     return helper_on_fake_backend
 
 
-def _init_on_fake_store(world: FakeWorld, init: Callable[..., Any], store_type: type) -> Callable[..., Any]:
+def _init_on_fake_store(world: FakeBackend, init: Callable[..., Any], store_type: type) -> Callable[..., Any]:
     def init_process_group_without_rendezvous(backend: Any = None, *args: Any, **kwargs: Any) -> Any:
         kwargs.pop("init_method", None)
         kwargs.update(store=store_type(), rank=world.rank_now, world_size=world.world_size)
@@ -315,7 +316,7 @@ def _import_set_up_modules() -> None:
 
 
 @contextmanager
-def fake_world(world_size: int) -> Iterator[FakeWorld]:
+def fake_backend(world_size: int) -> Iterator[FakeBackend]:
     """Enter the dry run's world of ``world_size`` ranks; see the module docstring for what stands in.
 
     Refuses (RuntimeError) when a default group already exists: the dry run must not touch it.
@@ -323,7 +324,7 @@ def fake_world(world_size: int) -> Iterator[FakeWorld]:
     if dist.is_initialized():
         raise RuntimeError("a dry run needs a process without a default group; torch.distributed is initialized")
     _import_set_up_modules()
-    world = FakeWorld(world_size)
+    world = FakeBackend(world_size)
     with ExitStack() as stack:
         store_type = stack.enter_context(_fake_backend_registered())
         for name, value in (
@@ -334,7 +335,7 @@ def fake_world(world_size: int) -> Iterator[FakeWorld]:
             ("current_device", lambda: 0),
         ):
             stack.enter_context(_patched(torch.cuda, name, value))
-        stack.enter_context(_patched(c10d, "ProcessGroup", RecordedGroup))
+        stack.enter_context(_patched(c10d, "ProcessGroup", _RecordedGroup))
         stack.enter_context(_patched(c10d, "_new_process_group_helper", _record(world, c10d._new_process_group_helper)))
         stack.enter_context(
             _patched(dist, "init_process_group", _init_on_fake_store(world, dist.init_process_group, store_type))

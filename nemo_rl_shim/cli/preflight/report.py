@@ -1,6 +1,6 @@
 """The report of ``nemo-rl-shim preflight``: what is wrong (one line), and the table.
 
-:class:`PreflightReport` holds every rank's result as :func:`nemo_rl_shim.cli._rank_checks.check_rank`
+:class:`PreflightReport` holds every rank's result as :func:`nemo_rl_shim.cli.preflight.rank_checks.check_rank`
 returned it (or the rank's failure); :func:`find_problems` reads the configured values
 from the options and lists every mismatch; :func:`render_report` prints the table.
 Pure functions of data: nothing here touches torch.distributed.
@@ -11,7 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from nemo_rl_shim.cli.options import PreflightOptions
+from nemo_rl_shim.cli.preflight.options import PreflightOptions
+from nemo_rl_shim.cli.preflight.stuck import after_grace, past_deadline, ranks_named
+from nemo_rl_shim.rank_ranges import format_ranks
 
 __all__ = ["COLUMNS", "PreflightReport", "find_problems", "render_report"]
 
@@ -75,10 +77,6 @@ class PreflightReport:
 _Found = tuple[str, "str | None", int]
 
 
-def _plural(word: str, items: list[Any]) -> str:
-    return f"{word}{'s' * (len(items) > 1)} {', '.join(map(str, items))}"
-
-
 def _merge(found: list[_Found]) -> list[str]:
     """One line per distinct problem, naming every group and rank it occurred on, in first-seen order."""
     merged: dict[str, tuple[list[str], list[int]]] = {}
@@ -89,7 +87,7 @@ def _merge(found: list[_Found]) -> list[str]:
         if rank not in ranks:
             ranks.append(rank)
     return [
-        (f"{_plural('group', groups)}: " if groups else "") + f"{detail} ({_plural('rank', ranks)})"
+        (f"group{'s' * (len(groups) > 1)} {', '.join(groups)}: " if groups else "") + f"{detail} ({ranks_named(ranks)})"
         for detail, (groups, ranks) in merged.items()
     ]
 
@@ -129,11 +127,7 @@ def _last_line(text: str | None) -> str:
 def find_problems(ranks: list[dict[str, Any]], options: PreflightOptions, timed_out: bool = False) -> list[str]:
     """Everything wrong with the gathered rank results, one line each, the most telling first."""
     if timed_out:
-        stuck = [r["rank"] for r in ranks if "rows" not in r]
-        return [
-            f"{_plural('rank', stuck)} did not finish within {options.timeout_s:g} s (--timeout-s): "
-            "a rank is stuck at start-up or in a collective"
-        ]
+        return [past_deadline([r["rank"] for r in ranks if "rows" not in r], options.timeout_s)]
     failed: list[_Found] = [
         (f"rank failed: {_last_line(r.get('error'))}", None, r["rank"])
         for r in ranks
@@ -144,7 +138,7 @@ def find_problems(ranks: list[dict[str, Any]], options: PreflightOptions, timed_
     killed = [r for r in ranks if r.get("killed_because")]
     if killed:  # killed by the launcher after a peer gave up waiting on them: stalled
         stuck, why = [r["rank"] for r in killed], killed[0]["killed_because"]
-        return [f"{_plural('rank', stuck)} did not finish: {why}: a rank is stuck in a collective"]
+        return [after_grace(stuck, why, "a rank is stuck in a collective")]
     startup, steady = options.timeout_minutes, options.timeout_minutes_after_init
     found: list[_Found] = []
     for result in ranks:
@@ -173,16 +167,9 @@ def _timeouts(minutes: dict[str, float] | None) -> str:
     return " / ".join(f"{device} {value:g}" for device, value in minutes.items()) + " min"
 
 
-def _rank_list(ranks: list[int]) -> str:
-    """``0,1,2`` in full up to 8 ranks; longer, ``0,8,...,8184 (1024 ranks)``."""
-    if len(ranks) <= 8:
-        return ",".join(map(str, ranks))
-    return f"{ranks[0]},{ranks[1]},...,{ranks[-1]} ({len(ranks)} ranks)"
-
-
 def _cells(row: dict[str, Any]) -> dict[str, str]:
     return {
-        "ranks": _rank_list(row["ranks"]),
+        "ranks": format_ranks(row["ranks"]),
         "backends": ",".join(f"{d}:{b}" for d, b in row["backends"].items()) or "none",
         "timeout": _timeouts(row["timeout_minutes"]),
         "after init": _timeouts(row.get("timeout_minutes_after_init")),
@@ -227,7 +214,7 @@ def _offload_line(ranks: list[dict[str, Any]]) -> str:
     outcome = "ok on every rank" if all(f.get("ok") for f in facts) else "FAILED"
     shapes = f"{first.get('local_device', '?')} shards {tuple(first.get('local_shape', ()))}"
     return (
-        f"CPU offload: {first['method']}, mesh dp ranks {','.join(map(str, first['mesh_ranks']))}: "
+        f"CPU offload: {first['method']}, mesh dp ranks {format_ranks(first['mesh_ranks'])}: "
         f"{shapes} -> full_tensor() {tuple(first.get('full_shape', ()))}: {outcome}"
     )
 

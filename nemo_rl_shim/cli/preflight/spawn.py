@@ -1,36 +1,32 @@
-"""Start N local ranks as processes, bounded in time, and collect every rank's result.
+"""Preflight's local runner: start N local ranks as processes, bounded in time, and collect every rank's result.
 
-Used by ``nemo-rl-shim preflight`` and by the multi-rank tests. Each rank runs
-``python -m nemo_rl_shim.cli._rank MODULE:FUNCTION`` with the standard launcher
+:class:`SpawnRunner` is the runner (one rank per CUDA device when there are at least two,
+else two CPU ranks); :func:`spawn_ranks` is what it and the multi-rank tests use. Each rank runs
+``python -m nemo_rl_shim.cli.preflight._rank MODULE:FUNCTION`` with the standard launcher
 variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
 ``MASTER_PORT``), calls ``FUNCTION(params)`` and writes its JSON result, or its
 traceback, to a file. A rank that fails or a run past its deadline ends every
 rank: nothing is left hanging. So does a rank that finishes but says it gave up on its
 peers (``gave_up``: a collective timed out on a stalled peer): the ranks still running
-get :data:`FAILURE_GRACE_S`, then are killed and named (``RankResult.killed_because``).
+get :data:`~nemo_rl_shim.cli.preflight.stuck.FAILURE_GRACE_S`, then are killed and named
+(``RankResult.killed_because``).
 
-Forked ranks (opt-in, ``NEMO_RL_SHIM_FORK_RANKS=1``): each rank is forked from one server
-process per caller that has imported torch and nemo-automodel once
-(:mod:`multiprocessing`'s forkserver with :data:`PRELOAD`), instead of a fresh interpreter
-that spends 5-10 s of CPU importing them. The rank then runs exactly what a fresh process
-runs (:func:`nemo_rl_shim.cli._rank.main`), with its own environment, log and result file.
-The test suite turns it on (``tests/conftest.py``): on a 2-core machine it is CPU-bound on
-those imports. Off by default: the server's start-up (importing torch and nemo-automodel) comes
-on top of ``--timeout-s``, and a server whose caller is killed keeps the caller's standard
-streams until it notices, which a caller reading them to the end waits for. A spawn whose
-extra environment sets ``PYTHON*`` variables (a shadowed nemo-automodel, say), which must take
-effect at import, always gets a fresh interpreter.
+Forked ranks (:mod:`nemo_rl_shim.cli.preflight._fork_server`, opt-in with
+``NEMO_RL_SHIM_FORK_RANKS=1``): the test suite turns it on (``tests/conftest.py``): on a
+2-core machine it is CPU-bound on importing torch and nemo-automodel. Off by default: the
+server's start-up comes on top of ``--timeout-s``, and a server whose caller is killed keeps
+the caller's standard streams until it notices, which a caller reading them to the end waits
+for. A spawn whose extra environment sets ``PYTHON*`` variables (a shadowed nemo-automodel,
+say), which must take effect at import, always gets a fresh interpreter.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-import multiprocessing
 import os
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping
@@ -38,16 +34,28 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FORK_RANKS_ENV", "PRELOAD", "RankResult", "RanksFailed", "free_port", "launcher_env", "spawn_ranks"]
+from nemo_rl_shim.cli.preflight import rank_checks
+from nemo_rl_shim.cli.preflight._fork_server import fork_context, start_rank
+from nemo_rl_shim.cli.preflight.options import PreflightOptions
+from nemo_rl_shim.cli.preflight.rank_checks import gave_up_on_peers
+from nemo_rl_shim.cli.preflight.runner import (
+    PROGRESS_EVERY_S,
+    Capacity,
+    Progress,
+    RankPlan,
+    RankRun,
+    Runner,
+    plan_ranks,
+    rank_env,
+)
+from nemo_rl_shim.cli.preflight.stuck import FAILURE_GRACE_S, still_running
 
-#: After one rank fails or gives up on its peers, how long the others get to finish before they are killed.
-FAILURE_GRACE_S = 15.0
+__all__ = ["RANK_TARGET", "RankResult", "RanksFailed", "SpawnRunner", "free_port", "launcher_env", "spawn_ranks"]
+
 #: Starts of one run when the rendezvous port is taken between picking it and binding it.
 PORT_ATTEMPTS = 3
-#: ``1`` forks ranks from a server that imported :data:`PRELOAD` once (see the module docstring).
-FORK_RANKS_ENV = "NEMO_RL_SHIM_FORK_RANKS"
-#: What the fork server imports before it forks a rank (a module it cannot import is left out).
-PRELOAD = ("torch", "torch.distributed", "torch.distributed.fsdp", "nemo_automodel.components.distributed.mesh")
+#: What every spawned preflight rank runs.
+RANK_TARGET = f"{rank_checks.__name__}:{rank_checks.check_rank.__name__}"
 
 
 @dataclass
@@ -93,9 +101,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 def launcher_env(rank: int, world_size: int, port: int) -> dict[str, str]:
     """The standard launcher variables (as torchrun sets them) for one local rank of a loopback world."""
     return {
-        "RANK": str(rank),
-        "LOCAL_RANK": str(rank),
-        "WORLD_SIZE": str(world_size),
+        **rank_env(rank, world_size, rank),
         "LOCAL_WORLD_SIZE": str(world_size),
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(port),
@@ -108,72 +114,6 @@ def _rank_env(rank: int, world_size: int, port: int, extra: Mapping[str, str] | 
     env.update(launcher_env(rank, world_size, port))
     env.setdefault("OMP_NUM_THREADS", "1")
     return env
-
-
-class _ForkedRank:
-    """A rank forked by the fork server, with the part of :class:`subprocess.Popen`'s interface used here."""
-
-    def __init__(self, process: Any) -> None:
-        self.process = process
-
-    @property
-    def returncode(self) -> int | None:
-        return self.process.exitcode
-
-    def poll(self) -> int | None:
-        return None if self.process.is_alive() else self.process.exitcode
-
-    def kill(self) -> None:
-        self.process.kill()
-
-    def wait(self) -> int | None:
-        self.process.join()
-        return self.process.exitcode
-
-
-def _forked_rank_main(argv: list[str], env: dict[str, str], log_path: str) -> None:
-    """In the forked rank: this rank's environment, stdin, stdout and stderr, then the rank's own entry point."""
-    log = os.open(log_path, os.O_WRONLY | os.O_APPEND)
-    os.dup2(log, 1)
-    os.dup2(log, 2)
-    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-    os.environ.clear()
-    os.environ.update(env)
-    from nemo_rl_shim.cli import _rank
-
-    code = _rank.main(argv)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)  # as a fresh rank does: no interpreter finalization after the result is written
-
-
-def _fork_context(env: Mapping[str, str] | None) -> Any:
-    """The fork server's context when ranks are to be forked (:data:`FORK_RANKS_ENV`), else None."""
-    if os.environ.get(FORK_RANKS_ENV) != "1" or any(key.startswith("PYTHON") for key in env or {}):
-        return None
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(list(PRELOAD))
-    return context
-
-
-def _start(context: Any, argv: list[str], env: dict[str, str], log: Any) -> Any:
-    if context is None:
-        return subprocess.Popen(
-            [sys.executable, "-m", "nemo_rl_shim.cli._rank", *argv],
-            env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        )  # fmt: skip
-    # The server is started (once per process) with one thread per OpenMP pool, as each rank is.
-    saved = os.environ.get("OMP_NUM_THREADS")
-    os.environ["OMP_NUM_THREADS"] = env.get("OMP_NUM_THREADS", "1")
-    try:
-        process = context.Process(target=_forked_rank_main, args=(argv, env, log.name), daemon=False)
-        process.start()
-    finally:
-        if saved is None:
-            os.environ.pop("OMP_NUM_THREADS", None)
-        else:
-            os.environ["OMP_NUM_THREADS"] = saved
-    return _ForkedRank(process)
 
 
 def _kill(processes: list[subprocess.Popen]) -> None:
@@ -205,7 +145,7 @@ def _wait(
     at_once: Callable[[int], bool] = lambda rank: False,
     gave_up: Callable[[int], str | None] = lambda rank: None,
 ) -> tuple[bool, dict[int, str]]:
-    """Wait for every process; end them all on the deadline, or :data:`FAILURE_GRACE_S` after a rank fails or
+    """Wait for every process; end them all on the deadline, or ``FAILURE_GRACE_S`` after a rank fails or
     gives up on its peers. Returns whether the deadline hit, and why each rank killed before it was killed.
 
     A failure for which ``at_once(rank)`` is true (a lost rendezvous port) ends the others at
@@ -222,7 +162,7 @@ def _wait(
         if kill_at is None and (found := _trigger(codes, at_once, gave_up)) is not None:
             cause, immediately = found
             kill_at = now if immediately else now + FAILURE_GRACE_S
-            why = f"still running when {cause}" if immediately else f"still running {FAILURE_GRACE_S:g} s after {cause}"
+            why = f"still running when {cause}" if immediately else still_running(cause)
         if now - start > timeout_s:
             _kill(processes)
             return True, {}
@@ -260,12 +200,12 @@ def _spawn_once(
         out = Path(tmp)
         (out / "params.json").write_text(json.dumps(params))
         processes, logs = [], []
-        context = _fork_context(env) if fork is not False else None
+        context = fork_context(env) if fork is not False else None
         for rank in range(world_size):
             log = open(out / f"rank{rank}.log", "w+b")  # noqa: SIM115 - closed below
             logs.append(log)
             argv = [target, str(out / "params.json"), str(out / f"rank{rank}.json")]
-            processes.append(_start(context, argv, _rank_env(rank, world_size, port, env), log))
+            processes.append(start_rank(context, argv, _rank_env(rank, world_size, port, env), log))
 
         def lost_port(rank: int) -> bool:
             result = out / f"rank{rank}.json"
@@ -320,10 +260,10 @@ def spawn_ranks(
     """Run ``target`` (``"module:function"``) on ``world_size`` local ranks; return every rank's result.
 
     ``fork``: fork the ranks from the preloaded server (see the module docstring); None follows
-    :data:`FORK_RANKS_ENV`, False always starts fresh interpreters.
+    ``NEMO_RL_SHIM_FORK_RANKS``, False always starts fresh interpreters.
     ``gave_up``: given the result of a rank that finished while others still run, what it gave
     up waiting on (a collective that timed out on a stalled peer), or None: the others then get
-    :data:`FAILURE_GRACE_S` to finish, as after a failure, and are killed.
+    ``FAILURE_GRACE_S`` to finish, as after a failure, and are killed.
 
     ``params`` must be JSON-serializable; so must the function's return value.
     ``env`` adds environment variables (``PYTHONPATH`` to shadow a package, say).
@@ -346,3 +286,54 @@ def spawn_ranks(
     if check and not all(r.ok for r in results):
         raise RanksFailed(results)
     return results
+
+
+class SpawnRunner(Runner):
+    """Preflight's ranks as local processes (:func:`spawn_ranks`)."""
+
+    def __init__(self) -> None:
+        import torch
+
+        self.cuda_devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+    def capacity(self, options: PreflightOptions) -> Capacity:
+        room = self.plan(None)
+        note = self._note(room)
+        here = f"this machine can run {room.world_size} {room.device.upper()} ranks" + (f" ({note})" if note else "")
+        return Capacity(gpus=self.cuda_devices, here=here)
+
+    def plan(self, ranks: int | None) -> RankPlan:
+        return plan_ranks(ranks, self.cuda_devices, f"the {self.cuda_devices} CUDA devices")
+
+    def _note(self, plan: RankPlan) -> str | None:
+        if plan.device == "cuda":
+            return None
+        if self.cuda_devices == 1:
+            return f"1 CUDA device found, a CUDA run needs 2: running {plan.world_size} CPU ranks (gloo)"
+        return "no CUDA device: CPU ranks on gloo"
+
+    def run(self, options: PreflightOptions, ranks: RankPlan, progress: Progress) -> RankRun:
+        progress(f"starting {ranks.world_size} {ranks.device.upper()} ranks (importing Automodel takes ~10 s)...")
+        last = [0.0]
+
+        def on_tick(elapsed: float) -> None:
+            if elapsed - last[0] >= PROGRESS_EVERY_S:
+                last[0] = elapsed
+                progress(f"waiting... {elapsed:.0f} s")
+
+        results = spawn_ranks(
+            RANK_TARGET, options.params(), world_size=ranks.world_size, timeout_s=options.timeout_s,
+            env=ranks.env, check=False, on_tick=on_tick, gave_up=gave_up_on_peers,
+        )  # fmt: skip
+        rows = [_row(r) for r in results]
+        timed_out = any(r.timed_out for r in results)
+        return RankRun("spawn", ranks.world_size, rows, self._note(ranks), timed_out)
+
+
+def _row(result: RankResult) -> dict[str, Any]:
+    """A rank's row of the report: its check's result, or its failure."""
+    if result.ok and isinstance(result.result, dict):
+        return result.result
+    error = result.error or ("timed out" if result.timed_out else f"exit {result.returncode}")
+    row = {"rank": result.rank, "error": error, "timed_out": result.timed_out, "output": result.output[-4000:]}
+    return {**row, "killed_because": result.killed_because} if result.killed_because else row

@@ -1,4 +1,4 @@
-"""Entry point of one rank started by :func:`nemo_rl_shim.cli.launch.spawn_ranks`."""
+"""Entry point of one rank started by :func:`nemo_rl_shim.cli.preflight.spawn.spawn_ranks`."""
 
 from __future__ import annotations
 
