@@ -16,7 +16,6 @@ from nemo_rl_shim.config import (
     automodel_cfg,
     distributed_timeout_minutes,
     distributed_timeout_minutes_after_init,
-    load_config,
     patch_automodel,
 )
 from nemo_rl_shim.decision import Action, Decision, WorkaroundState, decide
@@ -39,7 +38,6 @@ __all__ = [
     "distributed_timeout_minutes",
     "distributed_timeout_minutes_after_init",
     "init_process_group",
-    "load_config",
     "patch_automodel",
     "setup_distributed",
 ]

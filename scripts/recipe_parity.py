@@ -1,4 +1,4 @@
-"""Parity of ``nemo_rl_shim.cli.recipe.load_recipe`` with NeMo RL's own config loader, on NeMo RL's own configs.
+"""Parity of ``nemo_rl_shim.cli.nemo_rl.recipe.load_recipe`` with NeMo RL's own config loader, on NeMo RL's own configs.
 
 The oracle is NeMo RL's ``nemo_rl/utils/config.py``, loaded by file path (not the ``nemo_rl``
 package, which needs torch and more) into a separate interpreter that has only NeMo RL's
@@ -84,7 +84,7 @@ _FIELDS = ("dtensor_cfg", "automodel_cfg")
 
 
 def _ours(path: Path, overrides: list[str]) -> dict[str, Any]:
-    from nemo_rl_shim.cli.recipe import load_recipe
+    from nemo_rl_shim.cli.nemo_rl.recipe import load_recipe
 
     try:
         return {"config": json.loads(json.dumps(load_recipe(path, overrides), default=repr))}
@@ -126,7 +126,7 @@ def _diff(a: Any, b: Any, key: str = "") -> list[str]:
 
 
 def _world(config: dict[str, Any]) -> str:
-    from nemo_rl_shim.cli.world import training_world
+    from nemo_rl_shim.cli.nemo_rl.training_world import training_world
 
     try:
         world = training_world(config)

@@ -16,9 +16,9 @@ from nemo_rl_shim import (
     automodel_cfg,
     distributed_timeout_minutes,
     distributed_timeout_minutes_after_init,
-    load_config,
     patch_automodel,
 )
+from nemo_rl_shim.cli.nemo_rl import load_recipe
 from nemo_rl_shim.distributed_setup import ParallelSizes, parallel_sizes
 
 EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "examples"
@@ -37,14 +37,14 @@ def test_the_four_examples_exist() -> None:
 
 @pytest.mark.parametrize("name", EXPECTED)
 def test_example_has_its_algorithm_section_and_roles(name: str) -> None:
-    config = load_config(EXAMPLES_DIR / f"{name}.yaml")
+    config = load_recipe(EXAMPLES_DIR / f"{name}.yaml")
     assert isinstance(config.get(name), dict), f"{name}.yaml has no {name}: section"
     assert _roles(config) == (["policy", "value"] if name == "ppo" else ["policy"])
 
 
 @pytest.mark.parametrize("name", EXPECTED)
 def test_every_automodel_cfg_carries_the_timeout_keys_as_null(name: str) -> None:
-    config = load_config(EXAMPLES_DIR / f"{name}.yaml")
+    config = load_recipe(EXAMPLES_DIR / f"{name}.yaml")
     for role in _roles(config):
         block = config[role].get("automodel_cfg")
         assert isinstance(block, dict), f"{name}.yaml: {role}.automodel_cfg is missing or not a mapping"
@@ -64,7 +64,7 @@ def test_every_timeout_key_has_a_comment_line_above_it(name: str) -> None:
 
 @pytest.mark.parametrize("name", EXPECTED)
 def test_example_validates(name: str) -> None:
-    config = load_config(EXAMPLES_DIR / f"{name}.yaml")
+    config = load_recipe(EXAMPLES_DIR / f"{name}.yaml")
     for role in _roles(config):
         where = f"{role}.automodel_cfg"
         block = automodel_cfg(config, role)
@@ -80,7 +80,7 @@ def test_example_validates(name: str) -> None:
 @pytest.mark.parametrize("name", EXPECTED)
 def test_example_with_a_timeout_set_validates(name: str) -> None:
     """What a user does with the example: set the key. 45 then 15 after init is accepted as floats."""
-    config = load_config(EXAMPLES_DIR / f"{name}.yaml")
+    config = load_recipe(EXAMPLES_DIR / f"{name}.yaml")
     for role in _roles(config):
         config[role]["automodel_cfg"].update(distributed_timeout_minutes=45, distributed_timeout_minutes_after_init=15)
         block, where = automodel_cfg(config, role), f"{role}.automodel_cfg"

@@ -1,4 +1,4 @@
-"""Reading a NeMo RL config as NeMo RL reads it (``nemo_rl_shim.cli.recipe``): one feature per case.
+"""Reading a NeMo RL config as NeMo RL reads it (``nemo_rl_shim.cli.nemo_rl.recipe``): one feature per case.
 
 Every config tree is written here (``tmp_path``); none of NeMo RL's files is used. The
 loader's parity with NeMo RL's own on NeMo RL's configs is ``scripts/recipe_parity.py``'s job.
@@ -15,8 +15,8 @@ import yaml
 from omegaconf import OmegaConf
 
 from nemo_rl_shim.cli import main
+from nemo_rl_shim.cli.nemo_rl.recipe import RESOLVERS, RecipeError, load_recipe, register_resolvers
 from nemo_rl_shim.cli.preflight.options import build_options
-from nemo_rl_shim.cli.recipe import RESOLVERS, RecipeError, load_recipe, register_resolvers
 
 __all__: list[str] = []
 

@@ -1,4 +1,4 @@
-"""The training world a NeMo RL config asks for (``nemo_rl_shim.cli.world``), and how preflight uses it.
+"""The training world a NeMo RL config asks for (``cli.nemo_rl.training_world``), and how preflight uses it.
 
 NeMo RL's rule (``grpo.setup`` / ``ppo.setup``): colocated generation trains on the whole
 cluster; non-colocated generation takes GPUs off one node, or whole nodes; a reward-model
@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from nemo_rl_shim.cli import main
+from nemo_rl_shim.cli.nemo_rl.training_world import World, training_world, world_from_flag
 from nemo_rl_shim.cli.preflight.options import WorldTooLarge, build_options, ranks_for_world
 from nemo_rl_shim.cli.preflight.report import PreflightReport, render_report
-from nemo_rl_shim.cli.world import World, training_world, world_from_flag
 
 __all__: list[str] = []
 

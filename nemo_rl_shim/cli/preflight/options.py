@@ -1,8 +1,8 @@
 """What ``nemo-rl-shim preflight`` checks, read from a NeMo RL YAML and the flags, validated before any rank starts.
 
-A config is read as NeMo RL reads it (:func:`nemo_rl_shim.cli.recipe.load_recipe`: ``defaults:``
+A config is read as NeMo RL reads it (:mod:`nemo_rl_shim.cli.nemo_rl.recipe`: ``defaults:``
 chains, ``_override_``, Hydra overrides, resolvers), and the training world it asks for is
-computed with NeMo RL's rule (:func:`nemo_rl_shim.cli.world.training_world`), or set with ``--world``.
+computed with NeMo RL's rule (:mod:`nemo_rl_shim.cli.nemo_rl.training_world`), or set with ``--world``.
 
 Shared by the runners (:mod:`nemo_rl_shim.cli.preflight.runner`) and the report
 (:mod:`nemo_rl_shim.cli.preflight.report`), so neither imports the other.
@@ -16,8 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nemo_rl_shim import config as cfg
-from nemo_rl_shim.cli.recipe import load_recipe
-from nemo_rl_shim.cli.world import World, training_world, world_from_flag
+from nemo_rl_shim.cli.nemo_rl import read_config, training_world_of, worker_note
 from nemo_rl_shim.distributed_setup import parallel_sizes
 
 __all__ = [
@@ -28,7 +27,6 @@ __all__ = [
     "WorldTooLarge",
     "build_options",
     "ranks_for_world",
-    "worker_note",
 ]
 
 MIN_RANKS = 2
@@ -62,7 +60,7 @@ class PreflightOptions:
     #: ``--ranks all``: a dry run checks every rank, not a sample that covers every group shape.
     all_ranks: bool = False
     #: Set when the config runs this role on a worker that does not build Automodel's meshes
-    #: (:func:`worker_note`); the report shows it.
+    #: (:func:`nemo_rl_shim.cli.nemo_rl.worker_note`); the report shows it.
     worker_note: str | None = None
 
     @property
@@ -108,15 +106,6 @@ _DTENSOR_OVERRIDES = {
 }
 
 
-def _load(config_path: str | None, recipe_overrides: Sequence[str]) -> dict[str, Any] | None:
-    """The config as NeMo RL would train with it (inheritance, overrides, resolved); None without a path."""
-    if config_path is None:
-        if recipe_overrides:
-            raise ValueError(f"config overrides need --config PATH, got {' '.join(recipe_overrides)!r}")
-        return None
-    return load_recipe(config_path, recipe_overrides)
-
-
 def _base_section(config: Mapping[str, Any] | None, config_path: str | None, role: cfg.Role) -> dict[str, Any]:
     if config is None:
         return copy.deepcopy(DEFAULT_SECTION)
@@ -124,15 +113,6 @@ def _base_section(config: Mapping[str, Any] | None, config_path: str | None, rol
     if not isinstance(section, Mapping):
         raise ValueError(f"{config_path} must have a {role} section (a mapping), got {section!r}")
     return copy.deepcopy(dict(section))
-
-
-def _world(config: Mapping[str, Any] | None, role: cfg.Role, world: int | None) -> World | None:
-    """``--world`` when given, else NeMo RL's rule on the config's ``cluster`` section, else None."""
-    if world is not None:
-        return world_from_flag(world)
-    if config is None or config.get("cluster") is None:
-        return None
-    return training_world(config, role)
 
 
 class WorldTooLarge(ValueError):
@@ -160,28 +140,6 @@ def ranks_for_world(options: PreflightOptions, capacity: int, here: str) -> int 
     return max(options.world_size, MIN_RANKS)
 
 
-def worker_note(section: Mapping[str, Any], role: cfg.Role) -> str | None:
-    """Why this config's ``role`` would not run on the Automodel path this command checks, or None.
-
-    NeMo RL picks the worker from ``dtensor_cfg`` (``nemo_rl/models/policy/lm_policy.py`` at 7ea279abf):
-    ``enabled: false`` runs the role on Megatron, and ``_v2`` unset or false runs the v1 DTensor
-    worker, which builds its meshes without Automodel's ``MeshContext``. Either way the knob
-    ``automodel_cfg.distributed_timeout_minutes`` does not reach that run, so the report says so.
-    """
-    dtensor = section.get("dtensor_cfg") or {}
-    if dtensor.get("enabled") is False:
-        return (
-            f"{role}.dtensor_cfg.enabled is false: NeMo RL runs this role on Megatron (its timeout is "
-            f"{role}.megatron_cfg.distributed_timeout_minutes); this check covers the Automodel path"
-        )
-    if dtensor.get("_v2") is not True:
-        return (
-            f"{role}.dtensor_cfg._v2 is {dtensor.get('_v2', 'unset')!s}: NeMo RL runs its v1 DTensor worker, which "
-            f"does not build Automodel's meshes; this check covers the Automodel path ({role}.dtensor_cfg._v2=true)"
-        )
-    return None
-
-
 def build_options(
     config_path: str | None = None,
     role: cfg.Role = "policy",
@@ -200,7 +158,7 @@ def build_options(
 
     The YAML is read as NeMo RL reads it, with ``recipe_overrides`` (Hydra's ``key=value``,
     ``+key=value``, ``++key=value``, ``~key``) applied before the flags' ``overrides``; errors are
-    :class:`nemo_rl_shim.cli.recipe.RecipeError` (a ``ValueError``). ``world`` (``--world``) sets the
+    :class:`nemo_rl_shim.cli.nemo_rl.recipe.RecipeError` (a ``ValueError``). ``world`` (``--world``) sets the
     training world; without it the config's ``cluster`` section gives it, with NeMo RL's rule.
 
     ``overrides`` keys: ``timeout_minutes``, ``timeout_minutes_after_init``, ``cpu_offload``,
@@ -210,9 +168,9 @@ def build_options(
     """
     if role not in cfg.ROLES:
         raise ValueError(f"role must be one of {', '.join(cfg.ROLES)}, got {role!r}")
-    config = _load(config_path, recipe_overrides)
+    config = read_config(config_path, recipe_overrides)
     section = _base_section(config, config_path, role)
-    training = _world(config, role, world)
+    training = training_world_of(config, role, world)
     automodel = section["automodel_cfg"] = dict(section.get("automodel_cfg") or {})
     dtensor = section["dtensor_cfg"] = dict(section.get("dtensor_cfg") or {})
     for key, value in (overrides or {}).items():

@@ -41,7 +41,15 @@ if TYPE_CHECKING:
     from hydra.core.override_parser.types import Override
     from omegaconf import DictConfig
 
-__all__ = ["RESOLVERS", "RecipeError", "apply_overrides", "load_recipe", "load_recipe_config", "register_resolvers"]
+__all__ = [
+    "RESOLVERS",
+    "RecipeError",
+    "apply_overrides",
+    "load_recipe",
+    "load_recipe_config",
+    "read_config",
+    "register_resolvers",
+]
 
 #: NeMo RL's resolvers (``nemo_rl.utils.config.register_omegaconf_resolvers``), by name.
 RESOLVERS: dict[str, Callable[[Any, Any], Any]] = {
@@ -238,3 +246,12 @@ def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> dict[str, An
         raise RecipeError(f"{path}: cannot resolve {key}: {_first_line(e)}") from e
     assert isinstance(resolved, dict)
     return {str(k): v for k, v in resolved.items()}
+
+
+def read_config(path: str | Path | None, overrides: Sequence[str] = ()) -> dict[str, Any] | None:
+    """:func:`load_recipe` of ``path``; None without one (and then ``overrides`` are refused: ``ValueError``)."""
+    if path is None:
+        if overrides:
+            raise ValueError(f"config overrides need --config PATH, got {' '.join(overrides)!r}")
+        return None
+    return load_recipe(path, overrides)

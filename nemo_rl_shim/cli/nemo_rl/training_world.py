@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["World", "training_world", "world_from_flag"]
+__all__ = ["World", "training_world", "training_world_of", "world_from_flag"]
 
 
 @dataclass(frozen=True)
@@ -203,3 +203,12 @@ def training_world(config: Mapping[str, Any], role: str = "policy") -> World:
     else:
         source = f"cluster.num_nodes {nodes} x cluster.gpus_per_node {gpus} = {nodes * gpus} ({how})"
     return World(policy_nodes * per_node, source, policy_nodes, per_node, 0, rm_gpus if nodes == 1 else 0)
+
+
+def training_world_of(config: Mapping[str, Any] | None, role: str, flag: int | None) -> World | None:
+    """``--world`` (``flag``) when given, else NeMo RL's rule on the config's ``cluster`` section, else None."""
+    if flag is not None:
+        return world_from_flag(flag)
+    if config is None or config.get("cluster") is None:
+        return None
+    return training_world(config, role)
