@@ -3,7 +3,7 @@
 An override maps each mesh axis to ``(backend, options)``, to a backend string alone,
 or to options alone (torch's ``DeviceMesh`` accepts all three; a missing backend means
 the default group's). The probes judge that answer against the default group the call
-ran under (:mod:`automodel_patch._world`).
+ran under (:mod:`automodel_patch._simulated_group`).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from typing import Any
 
 from torch.distributed.distributed_c10d import BackendConfig
 
+from automodel_patch._simulated_group import SimulationUnavailable, simulated_default_group
 from automodel_patch._target import OVERRIDE_NAME
 from automodel_patch._verdict import Detection, Verdict
-from automodel_patch._world import SimulationUnavailable, simulated_default_group
 
 __all__ = [
     "EXPECTED_PARAMETERS",

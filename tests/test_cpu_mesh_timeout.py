@@ -3,7 +3,7 @@
 # AUTOMODEL-WORKAROUND(cpu-mesh-timeout): these tests go with the workaround.
 
 The override is called under a simulated plain-gloo default group
-(:func:`automodel_patch._world.simulated_default_group`); real Gloo groups built with it
+(:func:`automodel_patch._simulated_group.simulated_default_group`); real Gloo groups built with it
 are in ``test_mesh_cpu.py``, ``test_setup_distributed.py`` and ``test_fault.py``.
 """
 
@@ -19,8 +19,8 @@ import torch.distributed as dist
 
 import automodel_patch
 from automodel_patch import _fallback
+from automodel_patch._simulated_group import simulated_default_group
 from automodel_patch._target import OVERRIDE_NAME
-from automodel_patch._world import simulated_default_group
 from automodel_patch.cpu_mesh_timeout import UNFLATTEN_NAME
 
 __all__: list[str] = []

@@ -4,7 +4,7 @@
 
 The boundary this machine lacks is NCCL: the default group a CPU-offload run has
 (``"cuda:nccl,cpu:gloo"``) or a GPU run without offload (``"nccl"``) is simulated with
-:func:`automodel_patch._world.simulated_default_group`, which every c10d query sees.
+:func:`automodel_patch._simulated_group.simulated_default_group`, which every c10d query sees.
 The override only computes options; nothing here runs a collective. Real groups built
 from these options are in ``test_gpu.py`` (GPUs) and ``test_mesh_cpu.py`` (Gloo).
 """
@@ -22,8 +22,8 @@ from torch.distributed.distributed_c10d import BackendConfig
 
 import automodel_patch
 from automodel_patch import _fallback, _override
+from automodel_patch._simulated_group import simulated_default_group
 from automodel_patch._target import OVERRIDE_NAME
-from automodel_patch._world import simulated_default_group
 
 __all__: list[str] = []
 

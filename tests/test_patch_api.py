@@ -4,7 +4,7 @@
 what each does to the installed Automodel's ``mesh_utils``, one workaround at a time and
 together, from one thread or sixteen. Everything is real: the installed Automodel's
 ``mesh_utils`` and its genuine functions; the probes build their own one-rank world
-(:mod:`automodel_patch._world`, tested at the end). Every test leaves ``mesh_utils`` reverted.
+(:mod:`automodel_patch._simulated_group`, tested at the end). Every test leaves ``mesh_utils`` reverted.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import torch.distributed as dist
 
 import automodel_patch
 from automodel_patch import MARKER, Verdict
+from automodel_patch._simulated_group import simulated_default_group
 from automodel_patch._target import OVERRIDE_NAME
-from automodel_patch._world import simulated_default_group
 
 __all__: list[str] = []
 

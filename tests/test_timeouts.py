@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 
-from automodel_patch._world import simulated_default_group
+from automodel_patch._simulated_group import simulated_default_group
 from nemo_rl_shim.cli.preflight.spawn import RankResult, spawn_ranks
 from nemo_rl_shim.distributed_setup import DistributedContext
 from nemo_rl_shim.timeouts import current_timeouts, extended_timeout
@@ -128,7 +128,7 @@ def test_extended_timeout_restores_each_half_when_the_halves_differ() -> None:
     "cuda:nccl,cpu:gloo" default group is): each half gets its own value back.
 
     One rank, in this process: the composite default group is simulated
-    (:func:`automodel_patch._world.simulated_default_group`; its CUDA half is a second Gloo
+    (:func:`automodel_patch._simulated_group.simulated_default_group`; its CUDA half is a second Gloo
     object, NCCL being the boundary this machine lacks). The timeouts are real backend state.
     """
     cpu_s, cuda_s = datetime.timedelta(seconds=5), datetime.timedelta(seconds=8)
