@@ -9,19 +9,27 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
-__all__ = ["axis_mesh", "backend_timeouts", "group_backends", "named_groups"]
+__all__ = ["axis_mesh", "backend_timeouts", "flattened_axes", "group_backends", "named_groups"]
 
 
 def _plain(name: Any) -> str:
     return str(getattr(name, "value", name))  # Automodel's MeshAxisName is a str Enum
 
 
+def flattened_axes(device_mesh: Any) -> dict[str, Any]:
+    """``{name: 1-D mesh}`` of the flattened axes recorded on the root mesh (``_flatten_mapping``, torch 2.10 and
+    later); empty on torch 2.9, where a flattened axis is reached by slicing (:func:`axis_mesh`)."""
+    root = device_mesh._get_root_mesh() if hasattr(device_mesh, "_get_root_mesh") else device_mesh
+    return dict(getattr(root, "_flatten_mapping", None) or {})
+
+
 def axis_mesh(device_mesh: Any, name: str) -> Any:
-    """The 1-D mesh of axis ``name``: a mesh dimension, or a flattened axis recorded on the root mesh."""
+    """The 1-D mesh of axis ``name``: a mesh dimension, a flattened axis recorded on the root mesh, or (torch 2.9)
+    the flattened axis that slicing by name reaches, as NeMo RL reaches it."""
     if name in device_mesh.mesh_dim_names:
         return device_mesh[name]
-    root = device_mesh._get_root_mesh() if hasattr(device_mesh, "_get_root_mesh") else device_mesh
-    return root._flatten_mapping[name]
+    flattened = flattened_axes(device_mesh)
+    return flattened[name] if name in flattened else device_mesh[name]
 
 
 def named_groups(device_mesh: Any, moe_mesh: Any = None) -> dict[str, ProcessGroup]:
@@ -35,8 +43,7 @@ def named_groups(device_mesh: Any, moe_mesh: Any = None) -> dict[str, ProcessGro
     if device_mesh is not None:
         for name in device_mesh.mesh_dim_names:
             groups[_plain(name)] = device_mesh.get_group(name)
-        root = device_mesh._get_root_mesh() if hasattr(device_mesh, "_get_root_mesh") else device_mesh
-        for name, flat in sorted(getattr(root, "_flatten_mapping", {}).items()):
+        for name, flat in sorted(flattened_axes(device_mesh).items()):
             groups.setdefault(_plain(name), flat.get_group())
     if moe_mesh is not None:
         for name in moe_mesh.mesh_dim_names:

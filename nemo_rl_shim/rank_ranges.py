@@ -10,6 +10,8 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable
 
+from nemo_rl_shim.integers import positive_int
+
 __all__ = ["format_ranks", "rank_runs"]
 
 #: Parts (ranges or single ranks) printed before the rest is summarised as a count.
@@ -39,8 +41,7 @@ def _stride(ordered: list[int]) -> int | None:
 
 def format_ranks(ranks: Iterable[int], limit: int = DEFAULT_LIMIT) -> str:
     """``"0-3, 5"``; ``"0, 8, ..., 8184 (1024 ranks)"`` for a stride; ``"0-1, 4-5, ... (N ranks)"`` past ``limit``."""
-    if limit < 1:
-        raise ValueError(f"limit must be a positive integer, got {limit!r}")
+    positive_int(limit, "limit")
     ordered = sorted(set(ranks))
     runs = rank_runs(ordered)
     parts = [str(a) if a == b else f"{a}-{b}" for a, b in runs]

@@ -16,6 +16,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from automodel_patch._target import MESH_MODULE, MESH_UTILS_MODULE
+
 __all__ = ["one_gpu_mesh", "two_rank_offload"]
 
 TIMEOUT_MINUTES = 45
@@ -90,7 +92,7 @@ def two_rank_offload(params: dict[str, Any]) -> dict[str, Any]:
 def _build_mesh(devices: tuple[str, ...]) -> dict[str, Any]:
     """Automodel's real MeshContext.build for a 1-rank mesh; every axis gets the override."""
     dist_pkg = "nemo_automodel.components.distributed"
-    mesh = importlib.import_module(f"{dist_pkg}.mesh")
+    mesh = importlib.import_module(MESH_MODULE)
     fsdp2_config = importlib.import_module(f"{dist_pkg}.config").FSDP2Config()
     context = mesh.MeshContext.build(
         fsdp2_config,
@@ -109,7 +111,7 @@ def _direct_override_mesh(device: str, devices: tuple[str, ...]) -> dict[str, An
     """
     from torch.distributed.device_mesh import init_device_mesh
 
-    mesh_utils = importlib.import_module("nemo_automodel.components.distributed.mesh_utils")
+    mesh_utils = importlib.import_module(MESH_UTILS_MODULE)
     axes = ("dp_shard", "tp")
     override = mesh_utils._nccl_backend_override(axes, device_type=device, timeout_minutes=TIMEOUT_MINUTES)
     device_mesh = init_device_mesh(device, (1, 1), mesh_dim_names=axes, backend_override=override)

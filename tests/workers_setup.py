@@ -12,6 +12,8 @@ import importlib
 import warnings
 from typing import Any
 
+from automodel_patch._target import MESH_MODULE, MESH_UTILS_MODULE
+
 __all__ = ["UNSET", "layouts", "legacy_pin", "single_rank_cpu_offload", "unsupported_pair"]
 
 #: ``timeout`` value meaning "leave distributed_timeout_minutes out of automodel_cfg".
@@ -56,7 +58,7 @@ def _count_mesh_builders() -> dict[str, Any]:
     detects ``MeshContext.build(timeout_minutes=)`` from it.
     """
     calls: dict[str, Any] = {}
-    mesh = importlib.import_module("nemo_automodel.components.distributed.mesh")
+    mesh = importlib.import_module(MESH_MODULE)
     context_cls = getattr(mesh, "MeshContext", None)
     if context_cls is not None and hasattr(context_cls, "build"):
         original_build = context_cls.build.__func__
@@ -68,7 +70,7 @@ def _count_mesh_builders() -> dict[str, Any]:
             return original_build(cls, *args, **kwargs)
 
         context_cls.build = classmethod(build)
-    mesh_utils = importlib.import_module("nemo_automodel.components.distributed.mesh_utils")
+    mesh_utils = importlib.import_module(MESH_UTILS_MODULE)
     original_create = getattr(mesh_utils, "create_device_mesh", None)
     if original_create is not None:
 

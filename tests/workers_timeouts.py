@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
 from nemo_rl_shim.distributed_setup import DistributedContext, RuntimeConfig, setup_distributed
-from nemo_rl_shim.groups import backend_timeouts
+from nemo_rl_shim.groups import backend_timeouts, flattened_axes
 from nemo_rl_shim.timeouts import after_first_step, extended_timeout, run_groups, set_group_timeout
 from tests.worlds import forget_meshes, move_to_fresh_port
 
@@ -57,8 +57,7 @@ def mesh_groups(context: DistributedContext) -> dict[str, ProcessGroup]:
             continue
         for name in mesh.mesh_dim_names:
             groups[f"{label}.{name}"] = mesh.get_group(name)
-        root = mesh._get_root_mesh() if hasattr(mesh, "_get_root_mesh") else mesh  # torch 2.9 has no root lookup
-        for name, flat in getattr(root, "_flatten_mapping", {}).items():
+        for name, flat in flattened_axes(mesh).items():
             groups[f"{label}.flat.{name}"] = flat.get_group()
     return groups
 

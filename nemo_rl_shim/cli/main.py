@@ -30,8 +30,10 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
 def _positive_int(text: str) -> int:
+    from nemo_rl_shim.integers import is_positive_int
+
     value = int(text)
-    if value < 1:
+    if not is_positive_int(value):
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
     return value
 

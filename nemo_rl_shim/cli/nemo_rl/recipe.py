@@ -37,6 +37,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nemo_rl_shim.error_line import first_line
+
 if TYPE_CHECKING:
     from hydra.core.override_parser.types import Override
     from omegaconf import DictConfig
@@ -62,11 +64,6 @@ RESOLVERS: dict[str, Callable[[Any, Any], Any]] = {
 
 class RecipeError(ValueError):
     """A NeMo RL config that cannot be read as NeMo RL would read it; the message is one line."""
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0].strip() if text else type(error).__name__
 
 
 def register_resolvers() -> None:
@@ -97,7 +94,7 @@ def _read_file(path: Path, chain: tuple[Path, ...]) -> DictConfig:
     except OSError as e:
         raise RecipeError(f"{_chain_text(chain)}: cannot read it: {e.strerror or e}") from e
     except (YAMLError, OmegaConfBaseException) as e:
-        raise RecipeError(f"{_chain_text(chain)}: not a valid YAML config: {_first_line(e)}") from e
+        raise RecipeError(f"{_chain_text(chain)}: not a valid YAML config: {first_line(e, with_type=False)}") from e
     if not isinstance(config, DictConfig):
         raise RecipeError(f"{_chain_text(chain)}: must hold a mapping at the top level, got a {type(config).__name__}")
     return config
@@ -209,11 +206,11 @@ def apply_overrides(config: DictConfig, overrides: Sequence[str]) -> DictConfig:
             parsed = parser.parse_override(line)
         except HydraException as e:
             raise RecipeError(f"override {line!r}: not a Hydra override (key=value, +key=value, ++key=value, ~key): "
-                              f"{_first_line(e)}") from e  # fmt: skip
+                              f"{first_line(e, with_type=False)}") from e  # fmt: skip
         try:
             _apply_one(config, parsed)
         except OmegaConfBaseException as e:
-            raise RecipeError(f"override {line!r}: {_first_line(e)}") from e
+            raise RecipeError(f"override {line!r}: {first_line(e, with_type=False)}") from e
     return config
 
 
@@ -243,7 +240,7 @@ def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> dict[str, An
         resolved = OmegaConf.to_container(config, resolve=True)
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None) or "?"
-        raise RecipeError(f"{path}: cannot resolve {key}: {_first_line(e)}") from e
+        raise RecipeError(f"{path}: cannot resolve {key}: {first_line(e, with_type=False)}") from e
     assert isinstance(resolved, dict)
     return {str(k): v for k, v in resolved.items()}
 

@@ -34,6 +34,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from nemo_rl_shim.integers import is_positive_int, positive_int
+
 __all__ = ["World", "training_world", "training_world_of", "world_from_flag"]
 
 
@@ -55,9 +57,7 @@ class World:
 
 def world_from_flag(size: int) -> World:
     """The world ``--world N`` sets."""
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        raise ValueError(f"--world must be a positive integer, got {size!r}")
-    return World(size, f"--world {size}")
+    return World(positive_int(size, "--world"), f"--world {size}")
 
 
 def _n(count: int, word: str) -> str:
@@ -73,12 +73,11 @@ def _mapping(config: Mapping[str, Any], key: str) -> Mapping[str, Any]:
 
 def _count(block: Mapping[str, Any], key: str, where: str, *, optional: bool = False) -> int | None:
     value = block.get(key)
-    if value is None and optional:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < (0 if optional else 1):
-        rule = "a non-negative integer" if optional else "a positive integer"
-        raise ValueError(f"{where}.{key} must be {rule}, got {value!r}")
-    return value
+    if not optional:
+        return positive_int(value, f"{where}.{key}")
+    if value is None or is_positive_int(value) or (type(value) is int and value == 0):
+        return value
+    raise ValueError(f"{where}.{key} must be a non-negative integer, got {value!r}")
 
 
 def _reward_model(config: Mapping[str, Any]) -> tuple[int, int]:
@@ -108,7 +107,7 @@ def _non_colocated(
     where = "policy.generation.colocated.resources"
     gen_gpus, gen_nodes = resources.get("gpus_per_node"), resources.get("num_nodes")
     if policy_nodes == 1:
-        if isinstance(gen_gpus, bool) or not isinstance(gen_gpus, int) or gen_gpus <= 0:
+        if not is_positive_int(gen_gpus):
             raise ValueError(
                 f"{where}.gpus_per_node must be set to a positive integer when the policy has one node and "
                 f"generation is non-colocated, got {gen_gpus!r}"
@@ -132,7 +131,7 @@ def _non_colocated(
             + f" on 1 node (non-colocated generation) = {train}"
         )
         return World(train, source, 1, train, gen_gpus, off_rm)
-    if isinstance(gen_nodes, bool) or not isinstance(gen_nodes, int) or gen_nodes <= 0:
+    if not is_positive_int(gen_nodes):
         raise ValueError(
             f"{where}.num_nodes must be a positive integer when the policy has several nodes and generation is "
             f"non-colocated, got {gen_nodes!r}"

@@ -16,12 +16,14 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from automodel_patch._target import MESH_MODULE
+
 __all__ = ["FORK_RANKS_ENV", "PRELOAD", "fork_context", "start_rank"]
 
 #: ``1`` forks ranks from a server that imported :data:`PRELOAD` once (see the module docstring).
 FORK_RANKS_ENV = "NEMO_RL_SHIM_FORK_RANKS"
 #: What the fork server imports before it forks a rank (a module it cannot import is left out).
-PRELOAD = ("torch", "torch.distributed", "torch.distributed.fsdp", "nemo_automodel.components.distributed.mesh")
+PRELOAD = ("torch", "torch.distributed", "torch.distributed.fsdp", MESH_MODULE)
 
 
 class _ForkedRank:

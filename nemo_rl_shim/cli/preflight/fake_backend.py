@@ -50,6 +50,7 @@ from torch.distributed import distributed_c10d as c10d
 from torch.distributed.distributed_c10d import BackendConfig
 
 import automodel_patch
+from automodel_patch._target import MESH_MODULE, MESH_UTILS_MODULE
 from nemo_rl_shim.cli.preflight.runner import rank_env
 
 __all__ = ["GPUS_PER_NODE", "FakeBackend", "GroupRecord", "fake_backend"]
@@ -310,7 +311,7 @@ def _import_set_up_modules() -> None:
     import torch.distributed.fsdp
     import torch.distributed.tensor  # noqa: F401
 
-    for module in ("nemo_automodel.components.distributed.mesh", "nemo_automodel.components.distributed.mesh_utils"):
+    for module in (MESH_MODULE, MESH_UTILS_MODULE):
         with suppress(Exception):  # not installed, or not on this torch: the set-up says so itself
             importlib.import_module(module)
 
