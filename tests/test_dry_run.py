@@ -25,7 +25,7 @@ from torch.distributed import distributed_c10d as c10d
 
 import automodel_patch
 from nemo_rl_shim.cli import main
-from nemo_rl_shim.cli.preflight.dry_run import ALL_RANKS_UP_TO, group_shape
+from nemo_rl_shim.cli.preflight.dry_run import ALL_RANKS_UP_TO
 
 pytestmark = pytest.mark.skipif(
     automodel_patch.installed_version() is None, reason="nemo-automodel is not installed (the automodel extra)"
@@ -152,22 +152,43 @@ def test_steady_timeout_after_init_on_every_group(config: str, capfd: pytest.Cap
             assert group["timeout_minutes_after_init"] == {"cpu": 10.0, "cuda": 10.0}, group
 
 
-def test_sample_covers_every_group_shape_of_the_full_world(config: str, capfd: pytest.CaptureFixture[str]) -> None:
+#: The sample of a 128-rank world at dp_replicate 2, tp 2, cp 2, ep 4, worked out by hand. The mesh
+#: (dp_replicate 2, dp_shard 16, cp 2, tp 2) in row-major order has strides 64, 4, 2, 1; the MoE mesh
+#: (ep_shard 32, ep 4) strides 4, 1. Each axis of size > 1 is seen at its second and last position.
+SAMPLE_OF_128 = {
+    "0": "first rank",
+    "1": "last on tp, second on ep",
+    "2": "last on cp",
+    "3": "last on ep",
+    "4": "second on dp_shard, second on ep_shard",
+    "60": "last on dp_shard",
+    "64": "last on dp_replicate",
+    "124": "last on ep_shard",
+    "127": "last rank",
+}
+
+
+def test_the_sample_is_each_axis_at_its_second_and_last_position(
+    config: str, capfd: pytest.CaptureFixture[str]
+) -> None:
     world = 2 * ALL_RANKS_UP_TO  # above the all-ranks limit: a sample
     flags = ["--config", config, "--json", "--world", str(world), "++policy.dtensor_cfg.dp_replicate_size=2"]
     code, sample, err = _run(capfd, *flags)
     assert code == 0, err[-3000:]
+    assert sample["dry_run"]["checked_ranks"] == SAMPLE_OF_128
+    assert [rank["rank"] for rank in sample["ranks"]] == sorted(map(int, SAMPLE_OF_128))
     code, full, err = _run(capfd, *flags, "--ranks", "all")
     assert code == 0, err[-3000:]
-    checked = sorted(int(r) for r in sample["dry_run"]["checked_ranks"])
-    assert 0 in checked and world - 1 in checked and len(checked) < world // 4, checked
-    assert len(full["ranks"]) == world
-    shapes = [{group_shape(row["group"], row["ranks"]) for row in _all_rows(report)} for report in (sample, full)]
-    assert shapes[0] == shapes[1]
+    assert [rank["rank"] for rank in full["ranks"]] == list(range(world))
     names = {row["group"] for row in _all_rows(full)}
     assert {"dp_replicate", "dp_shard", "cp", "tp", "moe.ep"} <= names
-    counts = {rank["process_groups"] for rank in full["ranks"]}
-    assert counts == {rank["process_groups"] for rank in sample["ranks"]}
+
+
+def test_a_world_of_exactly_the_limit_checks_every_rank(config: str, capfd: pytest.CaptureFixture[str]) -> None:
+    code, report, err = _run(capfd, "--config", config, "--json", "--world", str(ALL_RANKS_UP_TO))
+    assert code == 0, err[-3000:]
+    assert report["dry_run"]["checked_ranks"] == {str(rank): "every rank" for rank in range(ALL_RANKS_UP_TO)}
+    assert [rank["rank"] for rank in report["ranks"]] == list(range(ALL_RANKS_UP_TO))
 
 
 def test_default_world_is_nproc_or_two(capfd: pytest.CaptureFixture[str]) -> None:

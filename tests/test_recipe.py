@@ -222,6 +222,12 @@ def test_delete_of_a_missing_key_is_refused(tmp_path: Path, capsys: pytest.Captu
     assert line == "preflight: override '~policy.nope': cannot delete policy.nope: it is not in the config (or is null)"
 
 
+def test_delete_with_a_value_that_does_not_match_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = _tree(tmp_path, {"c.yaml": _BASE})
+    line = _cli_error(capsys, "--config", str(config), "~policy.n=5")
+    assert line == "preflight: override '~policy.n=5': cannot delete policy.n: its value is 4, not 5"
+
+
 @pytest.mark.parametrize("override", ["policy.n=[1", "policy.n", "=3"])
 def test_bad_override_syntax_is_quoted(tmp_path: Path, capsys: pytest.CaptureFixture[str], override: str) -> None:
     config = _tree(tmp_path, {"c.yaml": _BASE})

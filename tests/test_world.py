@@ -108,6 +108,24 @@ def test_a_reward_model_takes_gpus_on_one_node_and_nodes_on_several() -> None:
     )
 
 
+def test_non_colocated_on_one_node_takes_the_reward_model_gpus_off_it_too() -> None:
+    world = training_world(_config(1, 8, _non_colocated(2, None), **_reward_model(None, 2)))
+    source = (
+        "cluster.gpus_per_node 8 less 2 generation GPUs and 2 reward-model GPUs on 1 node "
+        "(non-colocated generation) = 4"
+    )
+    assert world == World(4, source, 1, 4, 2, 2)
+
+
+def test_non_colocated_on_several_nodes_takes_the_reward_model_nodes_off_too() -> None:
+    world = training_world(_config(4, 8, _non_colocated(8, 1), **_reward_model(1, 8)))
+    source = (
+        "(cluster.num_nodes 4 less 1 reward-model node less 1 generation node = 2) x cluster.gpus_per_node 8 "
+        "(non-colocated generation) = 16"
+    )
+    assert world == World(16, source, 2, 8, 8, 0)
+
+
 def test_value_role_shares_the_policy_training_cluster() -> None:
     config = _config(2, 8, _non_colocated(8, 1))
     assert training_world(config, "value") == training_world(config, "policy")

@@ -19,7 +19,7 @@ above it a sample, or all of them with ``--ranks all``. The mesh is Automodel's
 ``(pp, dp_replicate, dp_shard, cp, tp)`` in row-major rank order, and the MoE mesh
 ``(pp, ep_shard, ep)`` over the same ranks. A rank holds one group per axis, and on one axis
 every group is the same set of ranks shifted: the *shape* of a group is its axis and its
-ranks less the first one (:func:`group_shape`). So every rank holds a group of every shape,
+ranks less the first one. So every rank holds a group of every shape,
 and what tells ranks apart is where they sit on each axis. The sample is rank 0, the last
 rank, and for each axis of size > 1 the rank one step along it and the rank at its far end
 (every other coordinate 0): each axis is seen at its first, second and last position, and
@@ -43,7 +43,7 @@ from nemo_rl_shim.cli.preflight.runner import PROGRESS_EVERY_S, Capacity, Progre
 from nemo_rl_shim.distributed_setup import ParallelSizes, check_layout, parallel_sizes
 from nemo_rl_shim.rank_ranges import format_ranks
 
-__all__ = ["ALL_RANKS_UP_TO", "LAUNCHER", "DryRunner", "Mesh", "group_shape", "mesh_of", "sample_ranks"]
+__all__ = ["ALL_RANKS_UP_TO", "LAUNCHER", "DryRunner", "Mesh", "mesh_of", "sample_ranks"]
 
 LAUNCHER = "dry run"
 #: Worlds up to this size are checked on every rank.
@@ -88,11 +88,6 @@ def sample_ranks(mesh: Mesh, world_size: int, *, every_rank: bool = False) -> di
                 label = "last" if position == size - 1 else "second"
                 chosen.setdefault(_rank_at(axes, {name: position}), []).append(f"{label} on {name}")
     return {rank: ", ".join(chosen[rank]) for rank in sorted(chosen)}
-
-
-def group_shape(name: str, ranks: list[int]) -> tuple[str, tuple[int, ...]]:
-    """A group's shape: its name and its ranks less the first (every group of an axis has the same one)."""
-    return name, tuple(rank - ranks[0] for rank in ranks)
 
 
 def _world_and_source(options: PreflightOptions) -> tuple[int, str]:
