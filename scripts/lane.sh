@@ -21,12 +21,6 @@ read -r -a UV <<< "${NEMO_RL_SHIM_UV:-uv}"  # .ci/run sets it when uv runs as "p
 lane="${1:?usage: scripts/lane.sh default|torch-2.11|torch-2.10|torch-2.9 [pytest args]}"
 shift
 
-LANE_TESTS=(
-    tests/test_mesh_cpu.py tests/test_setup_distributed.py tests/test_timeouts.py tests/test_fault.py
-    tests/test_decision.py tests/test_preflight.py tests/test_cli.py tests/test_support.py
-    tests/test_context.py tests/test_tripwire.py tests/test_dry_run.py
-    tests/test_flight_recorder.py tests/test_flight_recorder_config.py tests/test_hang_report_preflight.py
-)
 case "$lane" in
     default)
         "${UV[@]}" sync --locked --extra automodel --extra ray
@@ -38,4 +32,4 @@ case "$lane" in
 esac
 export UV_PROJECT_ENVIRONMENT=".lanes/$lane"
 "${UV[@]}" sync --locked "${selection[@]}"
-exec "${UV[@]}" run --locked "${selection[@]}" pytest "${LANE_TESTS[@]}" "$@"
+exec "${UV[@]}" run --locked "${selection[@]}" pytest -m every_lane "$@"

@@ -1,53 +1,40 @@
-"""Shared fixtures: released Automodel sources, and how a missing resource ends a test.
+"""Shared fixtures (released Automodel sources and their facts), and the order files are handed out in.
 
-A test that needs something this machine may lack (the package index, a private network
-namespace for Ray) calls :func:`unavailable`: a developer offline gets a skip naming what
-is missing; CI (``NEMO_RL_SHIM_CI=1``, set by ``.ci/run``) gets a failure, so a green CI
-run has really run every test.
+Nothing imports this file: what tests share lives in ``tests/harness/`` (skips, paths, releases,
+fixture wheels, commands at once), ``tests/ranks/`` (rank-side code) and ``tests/ray_harness/``.
+
+Order: pytest-xdist hands files out in collected order (``--no-loadscope-reorder`` in
+pyproject.toml: by default it reorders files by their number of tests, which leaves few-test,
+long-waiting files for last). Files go longest first, by the durations this suite recorded for
+each file on its last run in this checkout (setup, call and teardown of every test, module
+fixtures included; kept in pytest's cache under :data:`DURATIONS_KEY`); a file not timed yet
+keeps its collected place after the timed ones, and the Ray test goes last (its tree runs from
+the start, in the background).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
-from typing import NoReturn
 
 import pytest
 
-from tests import ray_tree
-from tests.releases import ReleaseUnavailable, release_env
+from tests.harness.releases import ReleaseUnavailable, release_env
+from tests.harness.skips import unavailable
+from tests.ray_harness import tree as ray_tree
 
-IN_CI = os.environ.get("NEMO_RL_SHIM_CI") == "1"
 # Ranks started by spawn_ranks are forked from a server that imported torch and nemo-automodel once
 # (nemo_rl_shim.cli.preflight.spawn): the suite is CPU-bound on those imports on 2 cores. Each rank is still its
 # own process with its own environment and real Gloo groups. tests/test_preflight.py runs the command
 # with this unset, so the command's default (a fresh interpreter per rank) stays tested too.
 os.environ.setdefault("NEMO_RL_SHIM_FORK_RANKS", "1")
-#: Files in the order pytest-xdist hands them out (``--no-loadscope-reorder`` in pyproject.toml: by default
-#: it reorders files by their number of tests, which left the few-test, long-waiting files below for last).
-#: Longest first, by their durations in a default-lane run (seconds, on 2 busy cores, module fixtures
-#: included; measured before bytecode was compiled at install, when every file took about twice as long):
-#: each of six workers starts with one of the first six and is also handed one of the next six.
-LONGEST_FIRST = (
-    "test_preflight.py",  # 189
-    "test_pin_bump.py",  # 181: a relock and sync of a copy
-    "test_hang_report_preflight.py",  # 144: stalled runs
-    "test_decision.py",  # 129
-    "test_cli.py",  # 103
-    "test_mesh_cpu.py",  # 80
-    "test_releases.py",  # 73
-    "test_flight_recorder.py",  # 71
-    "test_fault.py",  # 67
-    "test_upstream_patches.py",  # 66
-    "test_timeouts.py",  # 64
-    "test_dry_run.py",  # 58
-    "test_unknown_release.py",  # 46
-    "test_setup_distributed.py",  # 36
-)
-
+#: Where each file's duration on the last run is kept, in pytest's cache: ``{file name: seconds}``.
+DURATIONS_KEY = "nemo_rl_shim/file_durations_s"
+_durations_now: defaultdict[str, float] = defaultdict(float)
 
 _RAY_FILE = Path(__file__).with_name("test_ray_preflight.py")
 _EARLY_RAY_TREE = pytest.StashKey["ray_tree.Started"]()
@@ -67,7 +54,7 @@ def _starts_the_ray_tree_early(config: pytest.Config) -> bool:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Start the Ray scenarios' tree and wait for its head, before the xdist workers exist (tests/ray_tree.py)."""
+    """Start the Ray scenarios' tree and wait for its head before the xdist workers exist (ray_harness.tree)."""
     if not _starts_the_ray_tree_early(config):
         return
     wrapper, _ = ray_tree.namespace_wrapper()
@@ -85,21 +72,27 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         started.release()
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    def rank(item: pytest.Item) -> int:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    last_run = config.cache.get(DURATIONS_KEY, {}) if config.cache is not None else {}
+
+    def rank(item: pytest.Item) -> tuple[bool, float]:
         name = item.path.name
-        if name == _RAY_FILE.name:  # last: its tree runs from the start, in the background (pytest_configure)
-            return len(LONGEST_FIRST) + 1
-        return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+        return name == _RAY_FILE.name, -float(last_run.get(name, 0.0))
 
-    items.sort(key=rank)  # stable: within a file, and among the rest, the collected order stays
+    items.sort(key=rank)  # stable: within a file, and among the files not timed yet, the collected order stays
 
 
-def unavailable(reason: str) -> NoReturn:
-    """Skip with ``reason``, or fail with it under CI."""
-    if IN_CI:
-        pytest.fail(f"{reason} (NEMO_RL_SHIM_CI=1: CI must run this test, not skip it)", pytrace=False)
-    pytest.skip(reason)
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _durations_now[Path(report.nodeid.split("::")[0]).name] += report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """The pytest process (not an xdist worker) records this run's durations per file for the next run's order."""
+    cache = session.config.cache
+    if os.environ.get("PYTEST_XDIST_WORKER") or cache is None or not _durations_now:
+        return
+    recorded = {**cache.get(DURATIONS_KEY, {}), **{name: round(s, 1) for name, s in _durations_now.items()}}
+    cache.set(DURATIONS_KEY, recorded)
 
 
 @pytest.fixture(scope="session")
@@ -117,9 +110,9 @@ def release_environment():
 
 @pytest.fixture(scope="session")
 def release_facts(tmp_path_factory):
-    """``release_facts(name)`` -> :func:`tests.release_facts.facts_for`, shared by every xdist worker of the session;
+    """``release_facts(name)`` -> :func:`.harness.release_facts.facts_for`, shared by every xdist worker of the session;
     ``release_facts(name, fresh_process=True)`` -> the same facts from a process of that release's own."""
-    from tests.release_facts import facts_for, fresh_process_facts
+    from tests.harness.release_facts import facts_for, fresh_process_facts
 
     base = tmp_path_factory.getbasetemp()
     shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "release-facts"

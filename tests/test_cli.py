@@ -12,7 +12,6 @@ import os
 import platform
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -22,8 +21,10 @@ import automodel_patch
 from nemo_rl_shim.cli import build_parser, main
 from nemo_rl_shim.cli.status import render_status
 from nemo_rl_shim.timeouts import TIMEOUT_API
+from tests.harness.paths import REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.every_lane
+
 STATUS_TIMEOUT_S = 180
 
 

@@ -23,6 +23,8 @@ from nemo_rl_shim.distributed_setup import NEMO_RL_FIELDS, ParallelSizes
 
 __all__: list[str] = []
 
+pytestmark = pytest.mark.every_lane
+
 #: Written down from NeMo RL (see the module docstring), not read from the shim.
 NEMO_RL_DISTRIBUTED_CONTEXT = ("device_mesh", "moe_mesh", "fsdp2_config", "moe_config", "dp_size", "tp_size", "cp_size")
 #: The shim's own fields, after NeMo RL's, each with a default.

@@ -1,10 +1,10 @@
 """The decision table, each row checked against the real release it describes.
 
 Every release's facts come from one spawned process whose ``PYTHONPATH`` puts that
-release's sources first (:mod:`tests.release_facts`, shared with ``test_releases.py``):
+release's sources first (:mod:`tests.harness.release_facts`, shared with ``test_releases.py``):
 ``decide()`` for {timeout None, 45} x {GPU mesh, CPU mesh} x {cpu_offload} x
 {patch_automodel}, before ``apply()`` and after it. Beside 0.3.0 ... 0.7.0 run the fixed
-0.7.0 fixture wheels (the pin bump, :mod:`tests.fixture_wheels`) and 0.7.0 with
+0.7.0 fixture wheels (the pin bump, :mod:`tests.harness.fixture_wheels`) and 0.7.0 with
 ``keep-cpu-backend.patch`` applied: there the CPU half is kept "natively". The legacy pins
 (0.3.0, 0.4.0) also go through ``setup_distributed`` for real on two Gloo ranks.
 """
@@ -17,11 +17,11 @@ import pytest
 
 from nemo_rl_shim.cli.preflight.spawn import spawn_ranks
 from nemo_rl_shim.decision import Action
-from tests.fixture_wheels import JUDGEABLE_STYLES, fixture_version
-from tests.release_facts import SOURCE_PATCH_SUFFIX
-from tests.releases import ALL_RELEASES, FIXED_FUNCTION_RELEASES, LEGACY_RELEASES
+from tests.harness.fixture_wheels import JUDGEABLE_STYLES, fixture_version
+from tests.harness.release_facts import SOURCE_PATCH_SUFFIX
+from tests.harness.releases import ALL_RELEASES, FIXED_FUNCTION_RELEASES, LEGACY_RELEASES
 
-pytestmark = pytest.mark.releases
+pytestmark = [pytest.mark.releases, pytest.mark.every_lane]
 
 SPAWN_TIMEOUT_S = 300
 TIMEOUT = 45
@@ -149,7 +149,7 @@ def legacy_setup(release_environment):
     def run(version: str) -> list[dict[str, Any]]:
         if version not in cache:
             results = spawn_ranks(
-                "tests.workers_setup:legacy_pin",
+                "tests.ranks.set_up:legacy_pin",
                 {"scenarios": LEGACY_SCENARIOS},
                 world_size=2,
                 timeout_s=SPAWN_TIMEOUT_S,

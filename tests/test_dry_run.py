@@ -27,9 +27,12 @@ import automodel_patch
 from nemo_rl_shim.cli import main
 from nemo_rl_shim.cli.preflight.dry_run import ALL_RANKS_UP_TO
 
-pytestmark = pytest.mark.skipif(
-    automodel_patch.installed_version() is None, reason="nemo-automodel is not installed (the automodel extra)"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        automodel_patch.installed_version() is None, reason="nemo-automodel is not installed (the automodel extra)"
+    ),
+    pytest.mark.every_lane,
+]
 
 CONFIG = """\
 policy:

@@ -18,7 +18,7 @@ from nemo_rl_shim.cli.preflight.spawn import spawn_ranks
 
 __all__: list[str] = []
 
-pytestmark = pytest.mark.multiprocess
+pytestmark = [pytest.mark.multiprocess, pytest.mark.every_lane]
 
 WORLD_SIZE = 2
 SPAWN_TIMEOUT_S = 300
@@ -32,7 +32,7 @@ STALL_S = TIMEOUT_S + 7  # longer than the timeout; then it leaves without touch
 @pytest.fixture(scope="module")
 def reports() -> dict[str, dict[str, Any]]:
     results = spawn_ranks(
-        "tests.workers_patch:fault_on_sub_group",
+        "tests.ranks.patch:fault_on_sub_group",
         {
             "default_minutes": DEFAULT_MINUTES,
             "timeout_minutes": TIMEOUT_MINUTES,

@@ -19,6 +19,8 @@ from nemo_rl_shim import RuntimeConfig, setup_distributed
 from nemo_rl_shim.config import FLIGHT_RECORDER_DEFAULTS, FlightRecorderSettings, flight_recorder
 from nemo_rl_shim.flight_recorder import DUMP_FILE_NAME, ENV_PAIRS, configure, dump_path
 
+pytestmark = pytest.mark.every_lane
+
 ROLES = ("policy", "value")
 roles = pytest.mark.parametrize("role", ROLES)
 

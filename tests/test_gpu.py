@@ -65,9 +65,7 @@ def _reductions_off(groups: dict[str, Any], devices: tuple[str, ...]) -> dict[st
     ],
 )
 def test_two_gpus_cpu_offload_keeps_timeout_and_cpu_half(patch):
-    results = spawn_ranks(
-        "tests.workers_gpu:two_rank_offload", {"patch": patch}, world_size=2, timeout_s=SPAWN_TIMEOUT_S
-    )
+    results = spawn_ranks("tests.ranks.gpu:two_rank_offload", {"patch": patch}, world_size=2, timeout_s=SPAWN_TIMEOUT_S)
     for facts in (r.result for r in results):
         assert facts["default_backend"] == "cuda:nccl,cpu:gloo"
         if patch and not native_keeps_cpu_backend():  # today's pins: the fork fix goes in
@@ -85,7 +83,7 @@ def test_two_gpus_cpu_offload_keeps_timeout_and_cpu_half(patch):
 
 @NEEDS_ONE_GPU
 def test_one_gpu_mesh_loses_cpu_half_unpatched_and_fork_fix_restores_it():
-    (result,) = spawn_ranks("tests.workers_gpu:one_gpu_mesh", {}, world_size=1, timeout_s=SPAWN_TIMEOUT_S)
+    (result,) = spawn_ranks("tests.ranks.gpu:one_gpu_mesh", {}, world_size=1, timeout_s=SPAWN_TIMEOUT_S)
     facts = result.result
     assert (facts["default_backend"], facts["world_size"]) == ("cuda:nccl,cpu:gloo", 1)
     unpatched = {name: g for name, g in facts["unpatched"].items() if name != "default"}

@@ -17,7 +17,7 @@ from nemo_rl_shim.cli.preflight.stuck import FAILURE_GRACE_S
 
 __all__: list[str] = []
 
-pytestmark = pytest.mark.multiprocess
+pytestmark = [pytest.mark.multiprocess, pytest.mark.every_lane]
 
 
 def test_a_taken_rendezvous_port_is_retried_on_a_fresh_one(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -32,14 +32,14 @@ def test_a_taken_rendezvous_port_is_retried_on_a_fresh_one(monkeypatch: pytest.M
             return picks[-2] if len(picks) == 2 else picks[-1]
 
         monkeypatch.setattr(spawn, "free_port", picker)
-        results = spawn.spawn_ranks("tests.worlds:rendezvous", {}, world_size=2, timeout_s=180)
+        results = spawn.spawn_ranks("tests.ranks.fresh_group:rendezvous", {}, world_size=2, timeout_s=180)
     assert [r.result["sum"] for r in results] == [2.0, 2.0]
     assert {r.result["port"] for r in results} == {picks[-1]} != {picks[0]}, picks
     assert len(picks) == 3, f"expected one lost port, then one retry: {picks}"
 
 
 def test_a_real_failure_is_not_retried() -> None:
-    results = spawn.spawn_ranks("tests.worlds:no_such_function", {}, world_size=1, timeout_s=60, check=False)
+    results = spawn.spawn_ranks("tests.ranks.fresh_group:no_such_function", {}, world_size=1, timeout_s=60, check=False)
     (result,) = results
     assert not result.ok and "AttributeError" in result.error
 
@@ -48,7 +48,12 @@ def test_a_rank_that_gave_up_on_its_peers_ends_the_run_after_the_grace() -> None
     """Rank 0 finishes but says a collective timed out on its peers: rank 1 gets 15 s, then is killed and named."""
     params = {"stall_rank": 1, "result": {"gave_up": "its cpu all_reduce on group default timed out"}}
     results = spawn.spawn_ranks(
-        "tests.worlds:stall_or_report", params, world_size=2, timeout_s=600, check=False, gave_up=gave_up_on_peers
+        "tests.ranks.fresh_group:stall_or_report",
+        params,
+        world_size=2,
+        timeout_s=600,
+        check=False,
+        gave_up=gave_up_on_peers,
     )
     assert results[0].ok and not results[1].ok and not results[1].timed_out
     why = (
@@ -62,7 +67,12 @@ def test_a_rank_that_finishes_cleanly_does_not_end_the_others_the_deadline_does(
     """A finished rank that gave up on nothing is no reason to stop: the deadline (20 s, past the 15 s grace) is."""
     params = {"stall_rank": 1, "result": {"gave_up": None}}
     results = spawn.spawn_ranks(
-        "tests.worlds:stall_or_report", params, world_size=2, timeout_s=20, check=False, gave_up=gave_up_on_peers
+        "tests.ranks.fresh_group:stall_or_report",
+        params,
+        world_size=2,
+        timeout_s=20,
+        check=False,
+        gave_up=gave_up_on_peers,
     )
     assert [(r.ok, r.timed_out, r.killed_because) for r in results] == [(True, False, None), (False, True, None)]
     assert results[1].error is None  # no result file, no error of its own: it ran out of time

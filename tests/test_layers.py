@@ -21,9 +21,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness.paths import REPO_ROOT
+
 __all__: list[str] = []
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("automodel_patch", "nemo_rl_shim")
 
 

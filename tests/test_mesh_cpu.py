@@ -23,7 +23,7 @@ from nemo_rl_shim.cli.preflight.spawn import spawn_ranks
 
 __all__: list[str] = []
 
-pytestmark = pytest.mark.multiprocess
+pytestmark = [pytest.mark.multiprocess, pytest.mark.every_lane]
 
 WORLD_SIZE = 2
 SPAWN_TIMEOUT_S = 420
@@ -46,7 +46,7 @@ SCENARIOS = [
 def reports() -> list[dict[str, Any]]:
     """Every rank's report of the four builds (one spawn of two ranks)."""
     results = spawn_ranks(
-        "tests.workers_patch:mesh_timeouts",
+        "tests.ranks.patch:mesh_timeouts",
         {"default_minutes": DEFAULT_MINUTES, "scenarios": SCENARIOS},
         world_size=WORLD_SIZE,
         timeout_s=SPAWN_TIMEOUT_S,

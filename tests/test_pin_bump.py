@@ -3,7 +3,7 @@
 # AUTOMODEL-WORKAROUND(keep-cpu-backend): this rehearses the day that workaround goes.
 
 The release that carries NVIDIA-NeMo/Automodel#4602 is not out, so the fixture wheel
-``0.7.0+fixed.getbackendconfig`` stands in for it (:mod:`tests.fixture_wheels`: the real
+``0.7.0+fixed.getbackendconfig`` stands in for it (:mod:`tests.harness.fixture_wheels`: the real
 0.7.0 wheel whose override learns the default group from ``get_backend_config()``, the
 style that made the old probe raise). A temporary copy of the project points the
 ``automodel`` extra at that wheel (``[tool.uv.sources]``), runs ``uv lock`` and
@@ -34,10 +34,11 @@ from typing import Any
 
 import pytest
 
-from tests.at_once import run_at_once
-from tests.conftest import unavailable
-from tests.fixture_wheels import fixture_version, fixture_wheel
-from tests.releases import REPO_ROOT, ReleaseUnavailable
+from tests.harness.at_once import run_at_once
+from tests.harness.fixture_wheels import fixture_version, fixture_wheel
+from tests.harness.paths import REPO_ROOT
+from tests.harness.releases import ReleaseUnavailable
+from tests.harness.skips import unavailable
 
 __all__: list[str] = []
 

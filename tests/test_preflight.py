@@ -1,7 +1,7 @@
 """``nemo-rl-shim preflight``: the real command on real gloo ranks, and its pure parts.
 
 Multi-rank scenarios, launched together by one module fixture (they mostly wait on imports and
-rendezvous, so they share the wait; each is bounded in time, tests/at_once.py), on this CPU
+rendezvous, so they share the wait; each is bounded in time, tests/harness/at_once.py), on this CPU
 machine with the installed nemo-automodel:
 
 * the default run (``nemo-rl-shim preflight``, no arguments): spawned ranks, table, exit 0;
@@ -32,9 +32,11 @@ from nemo_rl_shim.cli.preflight.ray_actors import bundle_of, plan_note, plan_ray
 from nemo_rl_shim.cli.preflight.report import COLUMNS, find_problems
 from nemo_rl_shim.cli.preflight.runner import RankPlan, plan_ranks
 from nemo_rl_shim.cli.preflight.spawn import free_port
-from tests.at_once import Finished, run_at_once
+from tests.harness.at_once import Finished, run_at_once
+from tests.harness.paths import REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.every_lane
+
 RUN_TIMEOUT_S = 420  # bound on each launched command; ranks import torch + Automodel on a contended CPU
 PPO_YAML = (
     "policy:\n  automodel_cfg:\n    distributed_timeout_minutes: 99\n"

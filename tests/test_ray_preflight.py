@@ -1,11 +1,11 @@
 """``nemo-rl-shim preflight --ray`` against a real local Ray head: passing, stalled, and nothing left behind.
 
 The head, the CLI runs and the leak check run in one process tree inside a private network
-namespace (:mod:`tests.ray_scenarios`, started with ``unshare --net``): loopback only, as
+namespace (:mod:`tests.ray_harness.scenarios`, started with ``unshare --net``): loopback only, as
 the workplace requires, and no port clash with anything outside. The tree starts before the
 suite's workers when the run allows it, so that its head comes up on an idle machine
-(:mod:`tests.ray_tree`, which says why). Bounded: the whole tree is killed at
-:data:`tests.ray_tree.SCENARIOS_TIMEOUT_S` from its start, and every process of the head is
+(:mod:`tests.ray_harness.tree`, which says why). Bounded: the whole tree is killed at
+:data:`tests.ray_harness.tree.SCENARIOS_TIMEOUT_S` from its start, and every process of the head is
 ended afterwards by its network namespace, failure included. A test fails if one is left.
 
 Measured figures (wall time of the passing run, time to report the stall) are printed and
@@ -22,9 +22,9 @@ import pytest
 
 from nemo_rl_shim.cli.preflight.rank_checks import SKIPPED
 from nemo_rl_shim.cli.preflight.stuck import FAILURE_GRACE_S
-from tests import ray_tree
-from tests.conftest import unavailable
-from tests.ray_scenarios import PASS_TIMEOUT_S, STALL_TIMEOUT_S
+from tests.harness.skips import unavailable
+from tests.ray_harness import tree as ray_tree
+from tests.ray_harness.scenarios import PASS_TIMEOUT_S, STALL_TIMEOUT_S
 
 __all__: list[str] = []
 
@@ -36,7 +36,7 @@ TIMEOUT_MINUTES = 45.0
 @pytest.fixture(scope="module")
 def scenarios() -> dict[str, Any]:
     """What the Ray scenarios saw: from the tree that the pytest process started before the workers, or one
-    started here (:mod:`tests.ray_tree`). Every process of its head is ended either way, failure included."""
+    started here (:mod:`tests.ray_harness.tree`). Every process of its head is ended either way, failure included."""
     pytest.importorskip("ray", reason="the ray extra is not installed (uv sync --extra ray)")
     tree, started = ray_tree.started_early(), None
     if tree is None:

@@ -4,12 +4,12 @@
 # AUTOMODEL-WORKAROUND(cpu-mesh-timeout): the cpu-mesh-timeout column of EXPECTED.
 
 Each release's real sources shadow the installed one on ``PYTHONPATH`` in a spawned
-process (:mod:`tests.release_facts`); the worker reports what detection says of each
+process (:mod:`tests.harness.release_facts`); the worker reports what detection says of each
 workaround, what ``apply()`` does (twice), what is installed after, and what ``revert()``
 restores, one workaround at a time and all together.
 
 The fixture releases are the real 0.7.0 with ``_nccl_backend_override`` fixed four ways
-(:mod:`tests.fixture_wheels`): the rehearsal of the pin bump. There keep-cpu-backend is
+(:mod:`tests.harness.fixture_wheels`): the rehearsal of the pin bump. There keep-cpu-backend is
 not needed and is not applied, while cpu-mesh-timeout still is (the fix keeps its
 ``device_type != "cuda"`` guard). ``cudaquery`` is fixed too, but asks for a CUDA device
 while probed, so on this machine detection cannot judge it: "unknown", and ``apply()``
@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 
 from automodel_patch import ApplyStatus
-from tests.fixture_wheels import JUDGEABLE_STYLES, fixture_version
-from tests.release_facts import SOURCE_PATCH_SUFFIX
-from tests.releases import ALL_RELEASES, FIXED_FUNCTION_RELEASES, LEGACY_RELEASES
+from tests.harness.fixture_wheels import JUDGEABLE_STYLES, fixture_version
+from tests.harness.release_facts import SOURCE_PATCH_SUFFIX
+from tests.harness.releases import ALL_RELEASES, FIXED_FUNCTION_RELEASES, LEGACY_RELEASES
 
 __all__: list[str] = []
 

@@ -21,10 +21,10 @@ import automodel_patch
 from nemo_rl_shim.cli.preflight.spawn import spawn_ranks
 from nemo_rl_shim.decision import Action
 from nemo_rl_shim.distributed_setup import NEMO_RL_FIELDS
+from tests.ranks.set_up import UNSET
 from tests.test_context import SHIM_FIELDS
-from tests.workers_setup import UNSET
 
-pytestmark = pytest.mark.multiprocess
+pytestmark = [pytest.mark.multiprocess, pytest.mark.every_lane]
 
 SPAWN_TIMEOUT_S = 600
 TIMEOUT = 45.0
@@ -63,7 +63,7 @@ SPANNING_AXIS = {"dp": "dp_shard", "tp": "tp", "cp": "cp", "ep": "moe.ep"}
 def run() -> dict[str, Any]:
     """Every scenario, once, on two ranks; both ranks' facts."""
     params = {"scenarios": SCENARIOS}
-    results = spawn_ranks("tests.workers_setup:layouts", params, world_size=2, timeout_s=SPAWN_TIMEOUT_S)
+    results = spawn_ranks("tests.ranks.set_up:layouts", params, world_size=2, timeout_s=SPAWN_TIMEOUT_S)
     return {"ranks": [r.result for r in results]}
 
 
@@ -194,7 +194,7 @@ def test_with_the_fix_turned_off_sub_groups_keep_gloos_default(run: dict[str, An
 
 
 def test_single_rank_with_cpu_offload_raises_and_leaves_no_group() -> None:
-    (result,) = spawn_ranks("tests.workers_setup:single_rank_cpu_offload", {"timeout": TIMEOUT}, world_size=1)
+    (result,) = spawn_ranks("tests.ranks.set_up:single_rank_cpu_offload", {"timeout": TIMEOUT}, world_size=1)
     facts = result.result
     for case in ("before_any_group", "on_callers_group"):
         raised = facts[case]["raised"]

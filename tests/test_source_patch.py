@@ -4,7 +4,7 @@
 
 Each release's cached sources are copied and patched with ``git apply`` (and dry-run with
 ``patch -p1``); a spawned process then imports the patched copy ahead of the installed
-release (:mod:`tests.release_facts`) and must find the CPU half kept with no run-time
+release (:mod:`tests.harness.release_facts`) and must find the CPU half kept with no run-time
 patching at all, while the CPU-mesh timeout, which the patch leaves alone as upstream's fix
 is expected to, is still applied.
 """
@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 import automodel_patch
-from tests.conftest import unavailable
-from tests.release_facts import SOURCE_PATCH_SUFFIX
-from tests.releases import FIXED_FUNCTION_RELEASES, LEGACY_RELEASES, ReleaseUnavailable, release_dir
-from tests.workers_patch import GIT_APPLY_TIMEOUT_S, git_apply
+from tests.harness.release_facts import SOURCE_PATCH_SUFFIX
+from tests.harness.releases import FIXED_FUNCTION_RELEASES, LEGACY_RELEASES, ReleaseUnavailable, release_dir
+from tests.harness.skips import unavailable
+from tests.ranks.patch import GIT_APPLY_TIMEOUT_S, git_apply
 
 __all__: list[str] = []
 

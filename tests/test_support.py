@@ -26,11 +26,11 @@ from packaging.version import Version
 
 from nemo_rl_shim.cli.preflight.spawn import spawn_ranks
 from nemo_rl_shim.support import TESTED_PAIRS, AutomodelImport, Support
-from tests.releases import REPO_ROOT
+from tests.harness.paths import REPO_ROOT
 
 __all__: list[str] = []
 
-pytestmark = pytest.mark.releases
+pytestmark = [pytest.mark.releases, pytest.mark.every_lane]
 
 RELEASE = "0.7.0"
 TIMEOUT_S = 180
@@ -73,7 +73,7 @@ def test_status_names_both_versions_and_the_import_error(unimportable) -> None:
 
 def test_setup_distributed_raises_that_line_before_any_group(unimportable) -> None:
     (result,) = spawn_ranks(
-        "tests.workers_setup:unsupported_pair", {}, world_size=1, timeout_s=TIMEOUT_S, env=unimportable
+        "tests.ranks.set_up:unsupported_pair", {}, world_size=1, timeout_s=TIMEOUT_S, env=unimportable
     )
     facts = result.result
     assert facts is not None, f"the rank reported no result: {result.error or result.output[-3000:]}"

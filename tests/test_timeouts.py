@@ -20,9 +20,9 @@ from automodel_patch._simulated_group import simulated_default_group
 from nemo_rl_shim.cli.preflight.spawn import RankResult, spawn_ranks
 from nemo_rl_shim.distributed_setup import DistributedContext
 from nemo_rl_shim.timeouts import current_timeouts, extended_timeout
-from tests.workers_timeouts import DISTINCT_BASE_S
+from tests.ranks.timeouts import DISTINCT_BASE_S
 
-pytestmark = pytest.mark.multiprocess
+pytestmark = [pytest.mark.multiprocess, pytest.mark.every_lane]
 
 STARTUP_MIN, STEADY_MIN, RAISED_MIN, OTHER_STEADY_MIN = 0.2, 0.05, 0.3, 0.1
 STARTUP_S, STEADY_S, RAISED_S, OTHER_STEADY_S = 12.0, 3.0, 18.0, 6.0
@@ -40,7 +40,7 @@ def _spawn(target: str, params: dict[str, Any]) -> list[RankResult]:
     """Both ranks' results; a rank that exits uncleanly *after* writing its result (Gloo's teardown of a
     timed-out group has been seen to abort) still counts, so one abnormal exit cannot error every test."""
     results = spawn_ranks(
-        f"tests.workers_timeouts:{target}",
+        f"tests.ranks.timeouts:{target}",
         params,
         world_size=WORLD_SIZE,
         timeout_s=SPAWN_TIMEOUT_S,

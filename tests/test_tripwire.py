@@ -19,6 +19,8 @@ from automodel_patch import Verdict
 
 __all__: list[str] = []
 
+pytestmark = pytest.mark.every_lane
+
 CANNOT_PROBE = "cannot probe this release; check by hand"
 
 

@@ -1,6 +1,6 @@
 """A release detection cannot judge, seen from the command line and the tripwire.
 
-``0.7.0+fixed.cudaquery`` (:mod:`tests.fixture_wheels`) keeps the CPU half, but asks for the
+``0.7.0+fixed.cudaquery`` (:mod:`tests.harness.fixture_wheels`) keeps the CPU half, but asks for the
 current CUDA device while it builds its options, which raises on a machine without a GPU: the
 keep-cpu-backend probe cannot judge it here. Its sources go first on ``PYTHONPATH`` of a fresh
 process, which runs ``nemo-rl-shim status`` and the tripwires as a user would.
@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from tests.fixture_wheels import fixture_version
-from tests.releases import REPO_ROOT
+from tests.harness.fixture_wheels import fixture_version
+from tests.harness.paths import REPO_ROOT
 
 __all__: list[str] = []
 

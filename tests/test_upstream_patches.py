@@ -24,9 +24,9 @@ import torch
 
 import automodel_patch
 from nemo_rl_shim.cli.preflight.spawn import spawn_ranks
-from tests.conftest import unavailable
-from tests.releases import FIXED_FUNCTION_RELEASES, ReleaseUnavailable, release_dir
-from tests.workers_patch import git_apply, source_patched_env
+from tests.harness.releases import FIXED_FUNCTION_RELEASES, ReleaseUnavailable, release_dir
+from tests.harness.skips import unavailable
+from tests.ranks.patch import git_apply, source_patched_env
 
 __all__: list[str] = []
 
@@ -126,7 +126,7 @@ def upstream_world(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, A
         assert done.returncode == 0, f"git apply {slug} on 0.7.0 failed: {done.stderr.strip()}"
     scenario = {"name": "native", "patched": False, "ep_size": 2, "timeout_minutes": DEFAULT_MINUTES}
     results = spawn_ranks(
-        "tests.workers_patch:upstream_patched_facts",
+        "tests.ranks.patch:upstream_patched_facts",
         {"default_minutes": DEFAULT_MINUTES, "scenarios": [scenario]},
         world_size=WORLD_SIZE,
         timeout_s=SPAWN_TIMEOUT_S,

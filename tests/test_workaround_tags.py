@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 import automodel_patch
+from tests.harness.paths import REPO_ROOT
 
 __all__: list[str] = []
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 GIT = shutil.which("git")
 #: The workarounds the parametrized checks below run on: every registered one.
 CHECKED = automodel_patch.WORKAROUNDS

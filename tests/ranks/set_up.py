@@ -88,13 +88,13 @@ def layouts(params: dict[str, Any]) -> dict[str, Any]:
 
     params: ``scenarios`` (list of ``{"name", "timeout", "cpu_offload", "dtensor_cfg"[, "patch_automodel"]}``,
     ``timeout`` a number, None or ``"unset"``). Each scenario after the first
-    rendezvouses on a fresh port (:func:`tests.worlds.move_to_fresh_port`).
+    rendezvouses on a fresh port (:func:`tests.ranks.fresh_group.move_to_fresh_port`).
     """
     import torch.distributed as dist
 
     import automodel_patch
     from nemo_rl_shim import RuntimeConfig, setup_distributed
-    from tests.worlds import device_mesh_facts, forget_meshes, move_to_fresh_port
+    from tests.ranks.fresh_group import device_mesh_facts, forget_meshes, move_to_fresh_port
 
     mesh_builders = _count_mesh_builders()
     out = []

@@ -1,6 +1,6 @@
-"""The Ray scenarios' process tree (:mod:`tests.ray_scenarios`), seen from outside its network namespace.
+"""The Ray scenarios' process tree (:mod:`tests.ray_harness.scenarios`), seen from outside its network namespace.
 
-The tree runs as ``unshare --net -- python -m tests.ray_scenarios TEMP_DIR OUT_JSON``, in its own
+The tree runs as ``unshare --net -- python -m tests.ray_harness.scenarios TEMP_DIR OUT_JSON``, in its own
 session, its output in ``TEMP_DIR/log``. Every process of its Ray head lives in that private network
 namespace and in no other, so the clean-up ends them by it: Ray's agents and client server start
 their own sessions and carry nothing of the head's temp dir on their command lines, so neither the
@@ -31,6 +31,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from tests.harness.paths import REPO_ROOT
+
 __all__ = [
     "CLEANUP_S",
     "HEAD_DONE",
@@ -48,17 +50,16 @@ __all__ = [
     "wait_for_head",
 ]
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 #: The whole tree's bound, from its start: the head, three runs at once, the refused one, and their clean-up.
 SCENARIOS_TIMEOUT_S = 480
 #: How long the pytest process waits for the head before it starts the workers anyway (two tries of
-#: ``tests.ray_scenarios``'s head bound, and the namespace's set-up).
+#: ``tests.ray_harness.scenarios``'s head bound, and the namespace's set-up).
 HEAD_WAIT_S = 2 * 240 + 30
 #: How long the clean-up keeps killing what is left in the head's network namespace.
 CLEANUP_S = 30.0
 #: Where an early start tells the workers about the tree (they inherit the pytest process's environment).
 _ENV = "NEMO_RL_SHIM_TEST_RAY_TREE"
-#: Written by tests.ray_scenarios once ``ray start --head`` has ended, up or not.
+#: Written by tests.ray_harness.scenarios once ``ray start --head`` has ended, up or not.
 HEAD_DONE = "head-done"
 OUT = "scenarios.json"
 
@@ -145,7 +146,7 @@ def start(wrapper: list[str]) -> Started:
     started_at = time.time()
     with open(Path(temp_dir, "log"), "w") as log:
         process = subprocess.Popen(
-            [*wrapper, sys.executable, "-m", "tests.ray_scenarios", temp_dir, str(Path(temp_dir, OUT))],
+            [*wrapper, sys.executable, "-m", "tests.ray_harness.scenarios", temp_dir, str(Path(temp_dir, OUT))],
             cwd=REPO_ROOT,
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -1,6 +1,6 @@
 """What ``automodel_patch`` and ``decide`` make of one Automodel release, in one process.
 
-Run by :mod:`tests.release_facts`: :func:`release_facts_in_turn` for every release in one
+Run by :mod:`tests.harness.release_facts`: :func:`release_facts_in_turn` for every release in one
 process, :func:`release_facts` for one release in a process whose ``PYTHONPATH`` puts its
 (or a fixture's, or a source-patched copy's) sources first. No process
 group is needed: the probes build their own one-rank world (``automodel_patch._simulated_group``).

@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.worlds import device_mesh_facts
+from tests.harness.paths import REPO_ROOT
+from tests.ranks.fresh_group import device_mesh_facts
 
 __all__ = [
     "GIT_APPLY_TIMEOUT_S",
@@ -67,8 +68,7 @@ def patched_release_copy(release: Path, dest: Path, patch: Path) -> Path:
 
 def source_patched_env(patched_root: Path) -> dict[str, str]:
     """Environment for a spawned process that imports the patched copy ahead of the installed release."""
-    repo_root = Path(__file__).resolve().parent.parent
-    parts = [str(patched_root), str(repo_root), os.environ.get("PYTHONPATH", "")]
+    parts = [str(patched_root), str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]
     return {"PYTHONPATH": os.pathsep.join(p for p in parts if p)}
 
 

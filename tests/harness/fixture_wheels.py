@@ -32,7 +32,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from tests.releases import CACHE, release_wheel
+from tests.harness.releases import CACHE, release_wheel
 
 __all__ = ["BASE_RELEASE", "JUDGEABLE_STYLES", "STYLES", "fixture_version", "fixture_wheel"]
 
@@ -146,7 +146,7 @@ def _build(base: Path, style: str, target: Path) -> None:
 
 def fixture_wheel(style: str) -> Path:
     """The fixture wheel of ``style``, built on first use from the real 0.7.0 wheel (raises
-    :class:`tests.releases.ReleaseUnavailable` when that cannot be fetched)."""
+    :class:`tests.harness.releases.ReleaseUnavailable` when that cannot be fetched)."""
     if style not in _STYLES:
         raise ValueError(f"unknown fixture style {style!r}; known: {', '.join(STYLES)}")
     folder = CACHE / "fixtures" / _digest() / style

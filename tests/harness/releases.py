@@ -4,9 +4,9 @@ Only what the tested modules need is kept as source: the package ``__init__`` an
 version file, ``components/distributed`` and ``shared``. A release is used by putting
 its folder first on ``PYTHONPATH`` of a spawned process, where it shadows the installed
 (locked) release. The wheel itself is kept too: the fixture wheels of
-:mod:`tests.fixture_wheels` are built from it.
+:mod:`tests.harness.fixture_wheels` are built from it.
 
-Fixture releases (a fixed 0.7.0, see :mod:`tests.fixture_wheels`) are named
+Fixture releases (a fixed 0.7.0, see :mod:`tests.harness.fixture_wheels`) are named
 ``"0.7.0+fixed.<style>"`` and go through the same :func:`release_dir` / :func:`release_env`.
 """
 
@@ -18,6 +18,8 @@ import sys
 import tempfile
 import zipfile
 from pathlib import Path
+
+from tests.harness.paths import REPO_ROOT
 
 __all__ = [
     "ALL_RELEASES",
@@ -46,7 +48,6 @@ _KEEP = (
     "nemo_automodel/shared/",
 )
 _DOWNLOAD_TIMEOUT_S = 300
-REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 class ReleaseUnavailable(RuntimeError):
@@ -95,7 +96,7 @@ def extract_sources(wheel: Path, target: Path) -> Path:
 def release_dir(version: str) -> Path:
     """The cached source folder of one release (or fixture release), fetching or building it on first use."""
     if "+fixed." in version:
-        from tests.fixture_wheels import fixture_wheel
+        from tests.harness.fixture_wheels import fixture_wheel
 
         wheel = fixture_wheel(version.split("+fixed.", 1)[1])
         return extract_sources(wheel, wheel.parent / "src")

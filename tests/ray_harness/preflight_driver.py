@@ -1,6 +1,7 @@
 """``nemo-rl-shim`` as a Ray driver that records, just before it disconnects, what its run left in the cluster.
 
-Run by :mod:`tests.ray_scenarios` as ``python -m tests.ray_preflight_driver RECORD_JSON preflight --ray ...``.
+Run by :mod:`tests.ray_harness.scenarios` as
+``python -m tests.ray_harness.preflight_driver RECORD_JSON preflight --ray ...``.
 Once a driver disconnects, Ray itself ends the job's actors and removes its placement
 groups, so a leak check made afterwards cannot tell whether the command cleaned up. This
 wraps ``ray.shutdown``: before the real call, it lists through Ray's state API the actors

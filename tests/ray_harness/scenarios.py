@@ -1,6 +1,6 @@
 """``nemo-rl-shim preflight --ray`` on a real local Ray head, inside a private network namespace.
 
-Run as ``unshare --net -- python -m tests.ray_scenarios TEMP_DIR OUT_JSON`` (:mod:`tests.ray_tree`), before
+Run as ``unshare --net -- python -m tests.ray_harness.scenarios TEMP_DIR OUT_JSON`` (:mod:`.tree`), before
 the suite's workers start when the run selects ``tests/test_ray_preflight.py``; that test reads ``OUT_JSON``.
 The namespace has loopback only, so the head, its workers and the torch.distributed ranks
 all live on 127.0.0.1 and nothing can reach another host (outside it, Ray would pick this
@@ -22,7 +22,7 @@ then:
 
 4. ``too_large``: ``--world 16`` on this head of 2 CPU bundles: refused before any actor is placed, exit 2;
 5. the leak check, for each run, made by its own driver through Ray's state API just
-   before it disconnects (:mod:`tests.ray_preflight_driver`): after that, Ray would end the
+   before it disconnects (:mod:`tests.ray_harness.preflight_driver`): after that, Ray would end the
    job's actors and remove its placement groups itself, and hide a leak.
 
 Writes what it saw to ``OUT_JSON``; asserts nothing (the test does).
@@ -41,7 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from tests.ray_tree import HEAD_DONE
+from tests.ray_harness.tree import HEAD_DONE
 
 __all__ = ["HEAD_PORT", "PASS_TIMEOUT_S", "STALL_TIMEOUT_S", "main"]
 
@@ -77,7 +77,7 @@ def _run(args: list[str], timeout: float) -> dict[str, Any]:
 
 def _preflight(address: str, record: Path, *extra: str) -> dict[str, Any]:
     """The command, run by a driver that records its run's actors and placement groups before disconnecting."""
-    driver = [sys.executable, "-m", "tests.ray_preflight_driver", str(record)]
+    driver = [sys.executable, "-m", "tests.ray_harness.preflight_driver", str(record)]
     outcome = _run([*driver, "preflight", "--ray", address, "--json", *extra], _RUN_TIMEOUT_S)
     outcome["before_disconnect"] = json.loads(record.read_text()) if record.exists() else None
     try:

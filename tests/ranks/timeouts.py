@@ -20,7 +20,7 @@ from torch.distributed import ProcessGroup
 from nemo_rl_shim.distributed_setup import DistributedContext, RuntimeConfig, setup_distributed
 from nemo_rl_shim.groups import backend_timeouts, flattened_axes
 from nemo_rl_shim.timeouts import after_first_step, extended_timeout, run_groups, set_group_timeout
-from tests.worlds import forget_meshes, move_to_fresh_port
+from tests.ranks.fresh_group import forget_meshes, move_to_fresh_port
 
 __all__ = ["DISTINCT_BASE_S", "mesh_groups", "phase_readings", "section", "stall_outcomes", "stalled_all_reduce"]
 
@@ -73,7 +73,7 @@ def phase_readings(params: dict[str, Any]) -> dict[str, Any]:
     """Timeouts of every group and backend through start-up, steady state and ``extended_timeout``.
 
     ``params``: ``startup``, ``steady``, ``raised`` and ``other_steady`` (minutes),
-    each extra set-up on a fresh port (:func:`tests.worlds.move_to_fresh_port`).
+    each extra set-up on a fresh port (:func:`tests.ranks.fresh_group.move_to_fresh_port`).
     After the first set-up, two more set-ups in the same process check that
     ``after_first_step`` follows the config: one without the steady knob, one
     with ``other_steady``.

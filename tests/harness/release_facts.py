@@ -4,7 +4,7 @@ Several modules (the release matrix, the decision table, the source patch) read 
 the same releases. :func:`facts_for` computes them once per session and keeps the JSON in a
 folder every pytest-xdist worker of the session shares, under a file lock.
 
-One spawned process imports the releases in turn (:func:`tests.workers_release.release_facts_in_turn`):
+One spawned process imports the releases in turn (:func:`tests.ranks.release.release_facts_in_turn`):
 torch is imported once, and before each release every ``nemo_automodel`` module is dropped
 from ``sys.modules`` and that release's folder goes first on ``sys.path``. Importing torch and
 its distributed packages is most of a process's start (about 8 s here); a release's own
@@ -12,7 +12,7 @@ modules then import in about 0.1 s. ``test_releases.py`` checks that the facts o
 imported late in that process equal those of a fresh process of its own.
 
 A release is named by its version (``"0.7.0"``), a fixture version
-(``"0.7.0+fixed.getbackend"``, :mod:`tests.fixture_wheels`), or ``"<version>+sourcepatch"``
+(``"0.7.0+fixed.getbackend"``, :mod:`tests.harness.fixture_wheels`), or ``"<version>+sourcepatch"``
 for that release with ``automodel_patch/keep-cpu-backend.patch`` applied to a copy.
 """
 
@@ -26,9 +26,10 @@ from typing import Any
 
 import automodel_patch
 from nemo_rl_shim.cli.preflight.spawn import spawn_ranks
-from tests.fixture_wheels import STYLES, fixture_version
-from tests.releases import ALL_RELEASES, FIXED_FUNCTION_RELEASES, REPO_ROOT, release_dir
-from tests.workers_patch import patched_release_copy
+from tests.harness.fixture_wheels import STYLES, fixture_version
+from tests.harness.paths import REPO_ROOT
+from tests.harness.releases import ALL_RELEASES, FIXED_FUNCTION_RELEASES, release_dir
+from tests.ranks.patch import patched_release_copy
 
 __all__ = ["SOURCE_PATCH_SUFFIX", "STANDARD", "facts_for", "fresh_process_facts", "source_root"]
 
@@ -69,7 +70,7 @@ def facts_for(name: str, shared: Path) -> dict[str, Any]:
         if not cached.exists():
             names = [n for n in (*STANDARD, name) if not (shared / f"{n}.json").exists()]
             roots = {n: str(source_root(n, shared)) for n in dict.fromkeys(names)}
-            computed = _spawn("tests.workers_release:release_facts_in_turn", {"roots": roots})
+            computed = _spawn("tests.ranks.release:release_facts_in_turn", {"roots": roots})
             for done, facts in computed.items():
                 (shared / f"{done}.json").write_text(json.dumps({"root": roots[done], **facts}))
     return json.loads(cached.read_text())
@@ -78,4 +79,4 @@ def facts_for(name: str, shared: Path) -> dict[str, Any]:
 def fresh_process_facts(name: str, shared: Path) -> dict[str, Any]:
     """The facts of ``name`` from a process of its own, for comparison with :func:`facts_for`'s."""
     root = source_root(name, shared)
-    return {"root": str(root), **_spawn("tests.workers_release:release_facts", {}, first_on_path=root)}
+    return {"root": str(root), **_spawn("tests.ranks.release:release_facts", {}, first_on_path=root)}

@@ -1,0 +1,1 @@
+"""Rank-side test code: the functions ``spawn_ranks`` runs on every rank (``"tests.ranks.<module>:<function>"``)."""
