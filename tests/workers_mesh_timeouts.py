@@ -21,19 +21,23 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["after_build"]
+__all__ = ["after_build", "build_without_timeout"]
 
 _DIST = "nemo_automodel.components.distributed"
 #: Bound on a rank's wait, through the store, for its peers to leave the stalled collective.
 _STORE_WAIT_S = 120
 
 
-def _build(layout: dict[str, int]) -> tuple[Any, Any, str]:
-    """The release's own mesh build, without a timeout; which builder ran."""
+def build_without_timeout(layout: dict[str, Any], backend: str = "gloo") -> tuple[Any, Any, str]:
+    """The release's own mesh build, without a timeout; which builder ran.
+
+    ``backend`` is ``FSDP2Config.backend`` where the release has it (0.3.0 and 0.4.0 pick the mesh
+    device by it); later releases pick the device themselves.
+    """
     mesh_utils = importlib.import_module(f"{_DIST}.mesh_utils")
     fsdp2_cls = importlib.import_module(f"{_DIST}.config").FSDP2Config
-    has_backend = "backend" in {f.name for f in dataclasses.fields(fsdp2_cls)}  # 0.3.0/0.4.0 pick the device by it
-    fsdp2 = fsdp2_cls(backend="gloo") if has_backend else fsdp2_cls()
+    has_backend = "backend" in {f.name for f in dataclasses.fields(fsdp2_cls)}
+    fsdp2 = fsdp2_cls(backend=backend) if has_backend else fsdp2_cls()
     sizes = {"tp_size": layout.get("tp", 1), "cp_size": layout.get("cp", 1), "ep_size": layout.get("ep", 1)}
     if hasattr(mesh_utils, "create_device_mesh"):  # 0.3.0 / 0.4.0 (NeMo RL's pin)
         device_mesh, moe_mesh = mesh_utils.create_device_mesh(
@@ -89,7 +93,7 @@ def after_build(params: dict[str, Any]) -> dict[str, Any]:
     dist.init_process_group("gloo")
     out: dict[str, Any] = {"version": str(automodel_patch.installed_version()), "layouts": []}
     for layout in params["layouts"]:
-        device_mesh, moe_mesh, builder = _build(layout)
+        device_mesh, moe_mesh, builder = build_without_timeout(layout)
         meshes = SimpleNamespace(device_mesh=device_mesh, moe_mesh=moe_mesh)
         before = _raw(meshes)
         returned = set_mesh_timeouts(device_mesh, moe_mesh, params["minutes"])
@@ -99,7 +103,7 @@ def after_build(params: dict[str, Any]) -> dict[str, Any]:
         dist.barrier()
     stall = params["stall"]
     (layout,) = [entry for entry in params["layouts"] if entry["name"] == stall["layout"]]
-    device_mesh, moe_mesh, _ = _build({**layout})
+    device_mesh, moe_mesh, _ = build_without_timeout({**layout})
     set_mesh_timeouts(device_mesh, moe_mesh, stall["minutes"])
     group = device_mesh.get_group(stall["group"])
     ranks = dist.get_process_group_ranks(group)
