@@ -139,3 +139,40 @@ def test_a_backend_that_does_not_take_the_timeout_is_named(monkeypatch: pytest.M
 def test_bad_minutes_are_refused_before_any_group_is_touched(minutes: Any) -> None:
     with pytest.raises(ValueError, match=r"set_mesh_timeouts minutes must be a positive"):
         mesh_timeouts.set_mesh_timeouts(None, None, minutes)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.releases
+def test_on_0_4_0_cpu_offload_sub_groups_keep_both_halves_and_both_get_the_timeout(release_environment) -> None:
+    """0.4.0's create_device_mesh passes no backend override: each sub-group is made with the default group's
+    backend string, so under CPU offload's two-half default group every sub-group keeps both halves.
+
+    NCCL cannot start without a GPU, so the CUDA half is a Gloo backend registered for CUDA under another
+    name (``tests.workers_mesh_timeouts.CUDA_STAND_IN``): two distinct backend objects per group, as with
+    ``"cuda:nccl,cpu:gloo"``; every timeout is read from those objects.
+    """
+    from tests.workers_mesh_timeouts import CUDA_STAND_IN
+
+    params = {"layout": {"name": "tp", "tp": 2}, "minutes": MINUTES}
+    results = spawn_ranks(
+        "tests.workers_mesh_timeouts:composite_after_build",
+        params,
+        world_size=4,
+        timeout_s=SPAWN_TIMEOUT_S,
+        env=release_environment("0.4.0"),
+    )
+    composite = f"cpu:gloo,cuda:{CUDA_STAND_IN}"
+    for rank, facts in enumerate(r.result for r in results):
+        assert facts["builder"] == "create_device_mesh", facts["builder"]
+        sub_groups = [name for name in facts["before"] if name != "default"]
+        assert len(sub_groups) == 8, (
+            sub_groups
+        )  # pp, dp_replicate, dp_shard, cp, tp and the flattened dp, dp_cp, dp_shard_cp
+        for name, group in facts["before"].items():
+            assert (group["backend"], group["distinct_halves"]) == (composite, True), (rank, name, group)
+            if name != "default":
+                assert group["seconds"] == {"cpu": GLOO_DEFAULT_S, "cuda": GLOO_DEFAULT_S}, (rank, name, group)
+        for name, group in facts["after"].items():
+            if name != "default":
+                assert group["seconds"] == {"cpu": MINUTES * 60, "cuda": MINUTES * 60}, (rank, name, group)
+        assert all(read == {"cpu": MINUTES, "cuda": MINUTES} for read in facts["returned"].values()), facts

@@ -21,9 +21,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["after_build", "build_without_timeout"]
+__all__ = ["CUDA_STAND_IN", "after_build", "build_without_timeout", "composite_after_build"]
 
 _DIST = "nemo_automodel.components.distributed"
+#: A backend registered for CUDA that is Gloo underneath: stands in for NCCL (which cannot start without a GPU)
+#: so that the default group has two distinct halves, as CPU offload's ``"cuda:nccl,cpu:gloo"`` has.
+CUDA_STAND_IN = "ncclstandin"
 #: Bound on a rank's wait, through the store, for its peers to leave the stalled collective.
 _STORE_WAIT_S = 120
 
@@ -111,5 +114,43 @@ def after_build(params: dict[str, Any]) -> dict[str, Any]:
     store = dist.distributed_c10d._get_default_store()
     store.set(f"left the stall {dist.get_rank()}", "1")
     store.wait([f"left the stall {r}" for r in range(dist.get_world_size())], datetime.timedelta(seconds=_STORE_WAIT_S))
+    dist.destroy_process_group()
+    return out
+
+
+def _gloo_stand_in(store: Any, rank: int, size: int, timeout: datetime.timedelta) -> Any:
+    return dist.ProcessGroupGloo(store, rank, size, timeout)
+
+
+def composite_after_build(params: dict[str, Any]) -> dict[str, Any]:
+    """CPU offload's default group shape, ``"cpu:gloo,cuda:<stand-in>"``, then the release's build and
+    ``set_mesh_timeouts``: per group, its backend string and whether its two halves are distinct objects,
+    before and after. params: ``layout``, ``minutes``."""
+    from nemo_rl_shim.mesh_timeouts import set_mesh_timeouts
+
+    if CUDA_STAND_IN not in dist.Backend.backend_list:
+        dist.Backend.register_backend(CUDA_STAND_IN, _gloo_stand_in, devices=["cuda"])
+    dist.init_process_group(f"cpu:gloo,cuda:{CUDA_STAND_IN}")
+    device_mesh, moe_mesh, builder = build_without_timeout(params["layout"])
+    meshes = SimpleNamespace(device_mesh=device_mesh, moe_mesh=moe_mesh)
+
+    def halves() -> dict[str, Any]:
+        from tests.workers_timeouts import mesh_groups
+
+        out = {}
+        for name, group in mesh_groups(meshes).items():
+            name = re.sub(r"MeshAxisName\.(\w+)", lambda m: m.group(1).lower(), name)
+            cpu, cuda = group._get_backend(torch.device("cpu")), group._get_backend(torch.device("cuda"))
+            out[name] = {
+                "backend": str(dist.get_backend_config(group)),
+                "distinct_halves": cpu is not cuda,
+                "seconds": {"cpu": cpu.options._timeout.total_seconds(), "cuda": cuda.options._timeout.total_seconds()},
+            }
+        return out
+
+    before = halves()
+    returned = set_mesh_timeouts(device_mesh, moe_mesh, params["minutes"])
+    out = {"builder": builder, "before": before, "returned": returned, "after": halves()}
+    dist.barrier()
     dist.destroy_process_group()
     return out
