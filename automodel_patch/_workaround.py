@@ -16,7 +16,17 @@ from typing import Any
 
 from automodel_patch._verdict import Detection, Verdict
 
-__all__ = ["Functions", "Layer", "Probe", "Workaround"]
+__all__ = ["SHIM_USERS", "Functions", "Layer", "Probe", "Workaround"]
+
+#: The files of ``nemo_rl_shim`` that import ``automodel_patch`` (``tests/test_workaround_tags.py`` checks
+#: this against the sources): where the package is used once the last workaround has gone.
+SHIM_USERS = (
+    "nemo_rl_shim/decision.py",
+    "nemo_rl_shim/distributed_setup.py",
+    "nemo_rl_shim/support.py",
+    "nemo_rl_shim/cli/status.py",
+    "nemo_rl_shim/cli/_fake_world.py",
+)
 
 #: The genuine ``mesh_utils`` attributes a probe judges, by name (absent ones missing).
 Functions = Mapping[str, Any]
@@ -32,6 +42,16 @@ class Workaround:
     slug: str
     #: One line: what goes wrong without it.
     symptom: str
+    #: What the run loses without it where it matters and is needed (a decision's reason).
+    problem: str
+    #: What "fixed" means, said of the installed Automodel ("... natively" when its own code does it).
+    fixed: str
+    #: What a run gets where it is needed and not applied (``patch_automodel`` false, or it cannot apply).
+    without_it: str
+    #: Whether the timeout still goes to ``MeshContext.build`` in that case. False where forwarding
+    #: would break the run (a sub-group without the CPU half under CPU offload): then only the default
+    #: group gets the timeout.
+    forward_without_it: bool
     #: A behaviour of the installed Automodel, checked by :attr:`probe`, that makes it dead code.
     removal_condition: str
     #: The test that fails on the day the removal condition holds.
@@ -63,8 +83,10 @@ class Workaround:
         ]
         lines += [f"  {i}. {path}: {what}" for i, (path, what) in enumerate(sorted(self.places.items()), 1)]
         lines.append(
-            "If no other workaround remains in automodel_patch.WORKAROUNDS after that, delete the whole "
-            "automodel_patch package and its use in nemo_rl_shim (decision.py, distributed_setup.py, status)."
+            "If no other workaround remains in automodel_patch.WORKAROUNDS after that, the whole automodel_patch "
+            "package can go with it; it is used in " + ", ".join(SHIM_USERS) + " (`grep -rln automodel_patch "
+            "nemo_rl_shim` lists them), which still need its feature detection (build_accepts_timeout, "
+            "installed_version) from a new home."
         )
         return "\n".join(lines)
 

@@ -141,6 +141,10 @@ def layer(mesh_utils: ModuleType, current: Mapping[str, Any]) -> dict[str, Any]:
 WORKAROUND = Workaround(
     slug=SLUG,
     symptom="on a CPU (gloo) mesh, sub-groups and MoE axes keep gloo's 30-minute default",
+    problem="on a CPU (gloo) mesh the installed Automodel passes no timeout to the mesh sub-groups",
+    fixed="the installed Automodel gives a CPU (gloo) mesh's sub-groups the timeout",
+    without_it="on this CPU (gloo) mesh sub-groups keep gloo's 30-minute default",
+    forward_without_it=True,
     removal_condition=(
         "the installed Automodel gives a gloo mesh's sub-groups and MoE axes the requested timeout by itself "
         "(its _nccl_backend_override overrides every axis of a CPU mesh with the timeout, and _unflatten_compat "

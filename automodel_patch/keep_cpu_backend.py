@@ -64,6 +64,10 @@ def layer(mesh_utils: ModuleType, current: Mapping[str, Any]) -> dict[str, Any]:
 WORKAROUND = Workaround(
     slug=SLUG,
     symptom="with CPU offload and a timeout, mesh sub-groups lose the cpu:gloo half and full_tensor() fails",
+    problem="CPU offload is on and the installed Automodel drops the CPU half",
+    fixed="the installed Automodel keeps the CPU half",
+    without_it="the installed nemo-automodel may build mesh sub-groups without the CPU half under CPU offload",
+    forward_without_it=False,
     removal_condition=(
         "the automodel pin includes NVIDIA-NeMo/Automodel#4602 (under a cuda:nccl,cpu:gloo default group its "
         "_nccl_backend_override keeps both halves, with the timeout, on every axis)"

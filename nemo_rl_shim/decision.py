@@ -4,15 +4,23 @@ Decided by feature detection (``MeshContext.build``'s signature and each workaro
 behavioural probe, :func:`automodel_patch.detect`), never by a version comparison.
 :func:`decide` has no side effects; ``setup_distributed`` carries it out.
 
-Which workaround matters follows the default group the run will have:
+Which workaround matters follows the default group the run will have: the one whose
+``default_backends`` holds it (``"cuda:nccl,cpu:gloo"`` with GPUs and CPU offload, ``"gloo"``
+on a machine without CUDA; with ``"nccl"`` alone none does, NCCL-only sub-groups lose
+nothing). What each one means for the run (what is lost without it, what "fixed" means,
+whether the timeout may still be forwarded without it) is the workaround's own words
+(:class:`automodel_patch.Workaround`): this module holds no slug, so deleting a workaround
+by its removal steps leaves every message here true.
 
-* ``"cuda:nccl,cpu:gloo"`` (GPUs, CPU offload): ``keep-cpu-backend``;
-* ``"gloo"`` (no CUDA device): ``cpu-mesh-timeout``;
-* ``"nccl"`` (GPUs, no CPU offload): none; NCCL-only sub-groups lose nothing.
+On a pin whose mesh build takes no timeout (``MeshContext.build`` without ``timeout_minutes``:
+NeMo RL's pin 24b47e856, 0.3.0, 0.4.0) every sub-group gets the timeout right after the build
+(:func:`nemo_rl_shim.mesh_timeouts.set_mesh_timeouts`, read back). Only the default group gets
+it where that is impossible: a default group with a backend that has no timeout setter
+(torch's setters reach NCCL and Gloo; MPI, UCC and custom backends keep their own).
 
 A probe that cannot judge the installed code ("unknown") is handled on purpose: with
 ``patch_automodel`` on, the workaround is applied (its layer is correct whatever the genuine
-code does); with it off, a timeout that might break CPU offload is not forwarded. Either
+code does); with it off, a timeout that might break the run is not forwarded. Either
 way one warning says so.
 """
 
@@ -22,13 +30,15 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 import automodel_patch
-from automodel_patch import Verdict
+from automodel_patch import Verdict, Workaround
 from nemo_rl_shim.process_group import backend_for
 
-__all__ = ["Action", "Decision", "WorkaroundState", "decide"]
+__all__ = ["TIMEOUT_SETTABLE_BACKENDS", "Action", "Decision", "WorkaroundState", "decide"]
+
+#: Backends whose timeout torch can change after the group exists (``_set_pg_timeout`` on 2.9-2.14
+#: reaches only these; 2.15's ``set_timeout`` warns and leaves any other, such as MPI or UCC).
+TIMEOUT_SETTABLE_BACKENDS = frozenset({"nccl", "gloo"})
 
 
 class Action(enum.StrEnum):
@@ -40,9 +50,13 @@ class Action(enum.StrEnum):
     FORWARD = "forward"
     #: Apply the workaround(s) in ``Decision.patches`` first, then forward.
     PATCH_AND_FORWARD = "patch_and_forward"
-    #: The pin has no ``MeshContext.build(timeout_minutes=)``: default group only.
+    #: The pin has no ``MeshContext.build(timeout_minutes=)``: the mesh is built without it, and every
+    #: sub-group gets the timeout right after the build (set on each backend and read back).
+    SET_AFTER_BUILD = "set_after_build"
+    #: The pin has no ``MeshContext.build(timeout_minutes=)`` and a backend of the default group has no
+    #: timeout setter: default group only.
     DEFAULT_GROUP_ONLY = "default_group_only"
-    #: Forwarding could build sub-groups without the CPU half under CPU offload: default group only.
+    #: Forwarding without a needed workaround would break the run: default group only.
     NOT_FORWARDED = "not_forwarded"
 
 
@@ -53,8 +67,8 @@ class WorkaroundState:
     slug: str
     #: It matters for the run's default group.
     relevant: bool
-    #: The probe's verdict on Automodel's genuine code (``automodel_patch.Verdict`` value).
-    verdict: str
+    #: The probe's verdict on Automodel's genuine code.
+    verdict: Verdict
     reason: str
     #: Already in force in this process.
     active: bool
@@ -62,7 +76,7 @@ class WorkaroundState:
     apply: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        return {**self.__dict__, "verdict": self.verdict.value}
 
 
 @dataclass(frozen=True)
@@ -70,7 +84,9 @@ class Decision:
     """The outcome of :func:`decide`.
 
     ``forward_minutes`` is what goes to ``MeshContext.build(timeout_minutes=)``;
-    ``warning`` is set when something is not as configured or could not be judged.
+    ``every_group`` whether every process group is meant to carry the timeout (False where only
+    the default group, or none, is); ``warning`` is set when something is not as configured or
+    could not be judged.
     """
 
     action: Action
@@ -80,17 +96,16 @@ class Decision:
     warning: str | None = None
     default_backend: str | None = None
     workarounds: tuple[WorkaroundState, ...] = field(default=())
+    every_group: bool = False
 
     @property
     def forward_minutes(self) -> float | None:
         return self.timeout_minutes if self.action in (Action.FORWARD, Action.PATCH_AND_FORWARD) else None
 
     @property
-    def every_group(self) -> bool:
-        """Whether every process group is meant to carry the timeout (False where only the default group is)."""
-        if self.forward_minutes is None:
-            return False
-        return not (self.action is Action.FORWARD and self.warning is not None)  # the CPU-mesh row without the fix
+    def set_after_build(self) -> bool:
+        """Whether ``setup_distributed`` gives every sub-group the timeout after a build that takes none."""
+        return self.action is Action.SET_AFTER_BUILD
 
     @property
     def patches(self) -> tuple[str, ...]:
@@ -117,35 +132,76 @@ class Decision:
         }
 
 
-#: Per relevant workaround: what the run loses without it, and what "fixed" means.
-_PROBLEM = {
-    "keep-cpu-backend": "CPU offload is on and the installed Automodel drops the CPU half",
-    "cpu-mesh-timeout": "on a CPU (gloo) mesh the installed Automodel passes no timeout to the mesh sub-groups",
-}
-_FIXED = {
-    "keep-cpu-backend": "the installed Automodel keeps the CPU half",
-    "cpu-mesh-timeout": "the installed Automodel gives a CPU (gloo) mesh's sub-groups the timeout",
-}
-
-
-def _states(backend: str) -> list[WorkaroundState]:
+def _states(backend: str) -> list[tuple[Workaround, WorkaroundState]]:
     states = []
     for w in automodel_patch.WORKAROUNDS:
         detection = automodel_patch.detect(w.slug)
-        states.append(
-            WorkaroundState(
-                w.slug,
-                backend in w.default_backends,
-                detection.verdict.value,
-                detection.reason,
-                automodel_patch.is_applied(w.slug),
-            )
+        state = WorkaroundState(
+            w.slug,
+            backend in w.default_backends,
+            detection.verdict,
+            detection.reason,
+            automodel_patch.is_applied(w.slug),
         )
+        states.append((w, state))
     return states
 
 
 def _with_apply(states: list[WorkaroundState], slug: str) -> tuple[WorkaroundState, ...]:
     return tuple(WorkaroundState(**{**s.__dict__, "apply": True}) if s.slug == slug else s for s in states)
+
+
+def _halves(backend: str) -> set[str]:
+    """The backend names of a default-group backend string: ``"cuda:nccl,cpu:gloo"`` -> {nccl, gloo}."""
+    return {part.rpartition(":")[2].strip().lower() for part in backend.split(",") if part.strip()}
+
+
+def _no_workaround_concerns(backend: str, cpu_offload: bool) -> str:
+    if _halves(backend) == {"nccl"}:
+        off = "" if cpu_offload else "CPU offload is off: "
+        return f"{off}the default group is {backend}, so NCCL-only sub-groups lose nothing"
+    return f"no workaround concerns a {backend} default group: the timeout goes to MeshContext.build as is"
+
+
+def _without_build_timeout(timeout_minutes: float, backend: str, make: Any, states: Any) -> Decision:
+    version = automodel_patch.installed_version()
+    no_build = f"nemo-automodel {version} has no MeshContext.build(timeout_minutes=)"
+    unsettable = sorted(_halves(backend) - TIMEOUT_SETTABLE_BACKENDS)
+    if unsettable:
+        return make(
+            Action.DEFAULT_GROUP_ONLY,
+            f"{no_build}, and the default group's {', '.join(unsettable)} backend has no timeout setter",
+            f"{no_build} and torch cannot change the timeout of a {', '.join(unsettable)} backend after the build: "
+            f"only the default group gets {timeout_minutes:g} min; sub-groups keep the backend's own default.",
+            states,
+        )
+    reason = f"{no_build}: every sub-group gets the timeout right after the build"
+    return make(Action.SET_AFTER_BUILD, reason, states=states, every_group=True)
+
+
+def _needed(
+    timeout_minutes: float, w: Workaround, relevant: WorkaroundState, patch_automodel: bool, where: str
+) -> tuple[Action, str, str | None, bool]:
+    """(action, reason, warning, apply) where ``w`` matters and the installed code does not do its job."""
+    if relevant.verdict is Verdict.NEEDED:
+        problem = w.problem
+    elif relevant.verdict is Verdict.UNKNOWN:
+        problem = f"detection cannot judge the installed Automodel for {w.slug} ({relevant.reason})"
+    else:
+        problem = f"the installed Automodel has nothing the {w.slug} workaround can replace ({relevant.reason})"
+    if patch_automodel and relevant.verdict in (Verdict.NEEDED, Verdict.UNKNOWN):
+        warning = None
+        if relevant.verdict is Verdict.UNKNOWN:
+            warning = (
+                f"{problem}: applying the {w.slug} workaround, whose layer is correct whatever the installed code does"
+            )
+        return Action.PATCH_AND_FORWARD, problem, warning, True
+    why = f"{where}.patch_automodel is false" if not patch_automodel else f"the {w.slug} workaround cannot apply"
+    if w.forward_without_it:
+        warning = f"{why}: {w.without_it}; the {timeout_minutes:g} min timeout may reach the default group only."
+        return Action.FORWARD, f"{problem}, and {why}", warning, False
+    warning = f"{why} and {w.without_it}: the {timeout_minutes:g} min timeout reaches the default group only."
+    return Action.NOT_FORWARDED, f"{problem}, and {why}", warning, False
 
 
 def decide(
@@ -154,69 +210,36 @@ def decide(
     cpu_offload: bool,
     patch_automodel: bool = True,
     where: str = "policy.automodel_cfg",
-    cpu_mesh: bool | None = None,
+    default_backend: str | None = None,
 ) -> Decision:
     """Decide how ``timeout_minutes`` (already validated) reaches the process groups.
 
-    ``cpu_mesh`` (default: no CUDA device here) means the default group is plain ``"gloo"``.
+    ``default_backend`` is the default group's backend string the run will have (default:
+    :func:`~nemo_rl_shim.process_group.backend_for` on this machine: ``"gloo"`` without CUDA).
     See the module docstring for which workaround matters where.
     """
-    if cpu_mesh is None:
-        cpu_mesh = not torch.cuda.is_available()
-    backend = backend_for(cpu_offload=cpu_offload, cuda_available=not cpu_mesh)
+    backend = default_backend if default_backend is not None else backend_for(cpu_offload=cpu_offload)
 
-    def make(action: Action, reason: str, warning: str | None = None, states: Any = ()) -> Decision:
-        return Decision(action, timeout_minutes, cpu_offload, reason, warning, backend, tuple(states))
+    def make(action: Action, reason: str, warning: str | None = None, states: Any = (), every_group: bool = False):
+        return Decision(action, timeout_minutes, cpu_offload, reason, warning, backend, tuple(states), every_group)
 
     if timeout_minutes is None:
         return make(Action.NO_TIMEOUT, f"{where}.distributed_timeout_minutes is unset: torch's defaults apply")
+    units = _states(backend)
+    states = [state for _, state in units]
     if not automodel_patch.build_accepts_timeout():
-        version = automodel_patch.installed_version()
-        return make(
-            Action.DEFAULT_GROUP_ONLY,
-            f"nemo-automodel {version} has no MeshContext.build(timeout_minutes=)",
-            f"nemo-automodel {version} cannot pass a timeout to its mesh sub-groups: only the default group gets "
-            f"{timeout_minutes:g} min; sub-groups keep torch's default (10 min NCCL, 30 min Gloo).",
-        )
-    states = _states(backend)
-    relevant = next((s for s in states if s.relevant), None)
+        return _without_build_timeout(timeout_minutes, backend, make, states)
+    relevant = next(((w, s) for w, s in units if s.relevant), None)
     if relevant is None:
-        reason = "CPU offload is off: the default group is nccl, so NCCL-only sub-groups lose nothing"
-        return make(Action.FORWARD, reason, states=states)
-    slug, verdict = relevant.slug, Verdict(relevant.verdict)
-    if relevant.active:
-        return make(Action.FORWARD, f"{_FIXED[slug]} after the fork fix ({slug} is in force)", states=states)
-    if verdict is Verdict.NOT_NEEDED:
-        return make(Action.FORWARD, f"{_FIXED[slug]} natively", states=states)
-
-    offload_at_risk = slug == "keep-cpu-backend"
-    if verdict is Verdict.NEEDED:
-        problem = _PROBLEM[slug]
-    elif verdict is Verdict.UNKNOWN:
-        problem = f"detection cannot judge the installed Automodel for {slug} ({relevant.reason})"
-    else:
-        problem = f"the installed Automodel has nothing the {slug} workaround can replace ({relevant.reason})"
-    if patch_automodel and verdict in (Verdict.NEEDED, Verdict.UNKNOWN):
-        unknown = verdict is Verdict.UNKNOWN
-        warning = (
-            f"{problem}: applying the {slug} workaround, whose layer is correct whatever the installed code does"
-            if unknown
-            else None
-        )
-        return make(Action.PATCH_AND_FORWARD, problem, warning, _with_apply(states, slug))
-    why = f"{where}.patch_automodel is false" if not patch_automodel else f"the {slug} workaround cannot apply"
-    if offload_at_risk:
+        return make(Action.FORWARD, _no_workaround_concerns(backend, cpu_offload), states=states, every_group=True)
+    w, state = relevant
+    if state.active:
         return make(
-            Action.NOT_FORWARDED,
-            f"{problem}, and {why}",
-            f"{why} and the installed nemo-automodel may build mesh sub-groups without the CPU half under CPU "
-            f"offload: the {timeout_minutes:g} min timeout reaches the default group only.",
-            states,
+            Action.FORWARD, f"{w.fixed} after the fork fix ({w.slug} is in force)", states=states, every_group=True
         )
-    return make(
-        Action.FORWARD,
-        f"{problem}, and {why}",
-        f"{why}: on this CPU (gloo) mesh the {timeout_minutes:g} min timeout may reach the default group only; "
-        "sub-groups keep gloo's 30-minute default.",
-        states,
-    )
+    if state.verdict is Verdict.NOT_NEEDED:
+        return make(Action.FORWARD, f"{w.fixed} natively", states=states, every_group=True)
+    action, reason, warning, apply = _needed(timeout_minutes, w, state, patch_automodel, where)
+    if apply:
+        return make(action, reason, warning, _with_apply(states, w.slug), every_group=True)
+    return make(action, reason, warning, states)

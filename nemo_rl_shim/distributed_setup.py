@@ -24,6 +24,7 @@ from nemo_rl_shim import config as cfg
 from nemo_rl_shim import flight_recorder
 from nemo_rl_shim.decision import Decision, decide
 from nemo_rl_shim.groups import backend_timeouts
+from nemo_rl_shim.mesh_timeouts import set_mesh_timeouts
 from nemo_rl_shim.process_group import backend_for, init_process_group
 from nemo_rl_shim.support import require_supported
 from nemo_rl_shim.timeouts import run_groups, set_group_timeout
@@ -76,7 +77,8 @@ class DistributedContext(NamedTuple):
     decision: Decision | None = None
     timeout_minutes_after_init: float | None = None
     #: Groups whose backends came out of the mesh build without the timeout, and got it right after
-    #: (torch 2.9's DeviceMesh passes no timeout to Gloo sub-groups); empty where the build gave it.
+    #: (a pin whose build takes no timeout; torch 2.9's DeviceMesh passes none to Gloo sub-groups);
+    #: empty where the build gave it.
     timeouts_set_after_build: tuple[str, ...] = ()
 
 
@@ -206,22 +208,35 @@ def _launcher_world_size() -> int | None:
         return None
 
 
-# Gate: torch 2.9's DeviceMesh hands an override's options but no ``timeout`` to ``new_group``, so
-# Gloo sub-groups (and the Gloo half of composite ones) keep 30 minutes; torch 2.10's passes
-# ``timeout=pg_options._timeout``. Where the build already gave every group the timeout this finds
-# nothing to do. Delete it once the torch floor in pyproject.toml is 2.10 or newer.
-def _set_missing_timeouts(context: DistributedContext, minutes: float) -> tuple[str, ...]:
+def _lacking(context: DistributedContext, minutes: float) -> tuple[str, ...]:
+    """The groups with a backend whose timeout is not ``minutes``."""
+    wanted = datetime.timedelta(minutes=minutes)
+    return tuple(
+        name
+        for name, group in run_groups(context).items()
+        if any(timeout != wanted for timeout in backend_timeouts(group).values())
+    )
+
+
+def _set_after_build(context: DistributedContext, decision: Decision, minutes: float) -> tuple[str, ...]:
     """Give the timeout to every group and backend the mesh build left without it; return their names.
 
-    Every rank runs the same set-up, so no barrier: nothing is lowered under a peer's wait.
+    A pin whose build takes no timeout (:attr:`Decision.set_after_build`): every group of the meshes
+    gets it, read back (:func:`~nemo_rl_shim.mesh_timeouts.set_mesh_timeouts`). Otherwise, the gate
+    below. Every rank runs the same set-up, so no barrier: nothing is lowered under a peer's wait.
     """
-    wanted = datetime.timedelta(minutes=minutes)
-    fixed = []
-    for name, group in run_groups(context).items():
-        if any(timeout != wanted for timeout in backend_timeouts(group).values()):
-            set_group_timeout(wanted, group)
-            fixed.append(name)
-    return tuple(fixed)
+    lacking = _lacking(context, minutes)
+    if decision.set_after_build:
+        set_mesh_timeouts(context.device_mesh, context.moe_mesh, minutes)
+        return lacking
+    # Gate: torch 2.9's DeviceMesh hands an override's options but no ``timeout`` to ``new_group``, so
+    # Gloo sub-groups (and the Gloo half of composite ones) keep 30 minutes; torch 2.10's passes
+    # ``timeout=pg_options._timeout``. Where the build already gave every group the timeout this finds
+    # nothing to do. Delete it once the torch floor in pyproject.toml is 2.10 or newer.
+    groups = run_groups(context)
+    for name in lacking:
+        set_group_timeout(datetime.timedelta(minutes=minutes), groups[name])
+    return lacking
 
 
 def setup_distributed(
@@ -255,9 +270,9 @@ def setup_distributed(
         flight_recorder.configure(recorder)
     require_supported()
 
-    cpu_mesh = backend_for(cpu_offload=runtime_config.cpu_offload) == "gloo"
+    backend = backend_for(cpu_offload=runtime_config.cpu_offload)
     decision = decide(
-        timeout, cpu_offload=runtime_config.cpu_offload, patch_automodel=patch, where=where, cpu_mesh=cpu_mesh
+        timeout, cpu_offload=runtime_config.cpu_offload, patch_automodel=patch, where=where, default_backend=backend
     )
     if decision.patches:
         automodel_patch.apply(*decision.patches)
@@ -289,7 +304,7 @@ def setup_distributed(
         timeout_minutes_after_init=steady,
     )
     if decision.every_group:
-        context = context._replace(timeouts_set_after_build=_set_missing_timeouts(context, timeout))
+        context = context._replace(timeouts_set_after_build=_set_after_build(context, decision, timeout))
     if recorder is not None:
         flight_recorder.record_groups(context)
     return context

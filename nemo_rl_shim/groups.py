@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
-__all__ = ["axis_mesh", "backend_timeouts", "flattened_axes", "group_backends", "named_groups"]
+__all__ = ["axis_mesh", "backend_timeouts", "distinct_groups", "flattened_axes", "group_backends", "named_groups"]
 
 
 def _plain(name: Any) -> str:
@@ -49,6 +49,21 @@ def named_groups(device_mesh: Any, moe_mesh: Any = None) -> dict[str, ProcessGro
         for name in moe_mesh.mesh_dim_names:
             groups[f"moe.{_plain(name)}"] = moe_mesh.get_group(name)
     return groups
+
+
+def distinct_groups(device_mesh: Any, moe_mesh: Any = None) -> dict[str, ProcessGroup]:
+    """:func:`named_groups`, each group once, by its first name.
+
+    A group reused under several names (the default group standing in for a
+    world-sized axis) appears once, as ``"default"``.
+    """
+    unique: dict[str, ProcessGroup] = {}
+    seen: set[int] = set()
+    for name, group in named_groups(device_mesh, moe_mesh).items():
+        if id(group) not in seen:
+            seen.add(id(group))
+            unique[name] = group
+    return unique
 
 
 def group_backends(group: ProcessGroup) -> dict[str, str]:

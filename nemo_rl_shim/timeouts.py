@@ -31,7 +31,7 @@ from torch.distributed import ProcessGroup
 
 from nemo_rl_shim.config import minutes_timedelta
 from nemo_rl_shim.flight_recorder import dump_on_timeout
-from nemo_rl_shim.groups import backend_timeouts, named_groups
+from nemo_rl_shim.groups import backend_timeouts, distinct_groups
 
 __all__ = [
     "TIMEOUT_API",
@@ -54,18 +54,8 @@ else:  # torch < 2.15: what NeMo RL's torch 2.11 uses (the torch-2.11, -2.10 and
 
 
 def run_groups(context: Any) -> dict[str, ProcessGroup]:
-    """Every distinct process group of a ``DistributedContext``, by its first name.
-
-    A group reused under several names (the default group standing in for a
-    world-sized axis) appears once.
-    """
-    unique: dict[str, ProcessGroup] = {}
-    seen: set[int] = set()
-    for name, group in named_groups(context.device_mesh, context.moe_mesh).items():
-        if id(group) not in seen:
-            seen.add(id(group))
-            unique[name] = group
-    return unique
+    """Every distinct process group of a ``DistributedContext``, by its first name (see ``distinct_groups``)."""
+    return distinct_groups(context.device_mesh, context.moe_mesh)
 
 
 def current_timeouts(context: Any) -> dict[str, dict[str, datetime.timedelta]]:

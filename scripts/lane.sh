@@ -5,6 +5,9 @@
 #   scripts/lane.sh torch-2.11   NeMo RL's torch, with the automodel extra (nemo-automodel 0.7.0)
 #   scripts/lane.sh torch-2.10   Automodel's own lock and the oldest torch 0.7.0 (and 0.6.0) import with
 #   scripts/lane.sh torch-2.9    the oldest torch nemo-automodel 0.5.0 works with
+#   scripts/lane.sh py3.13-torch-2.11  NeMo RL's torch and nemo-automodel 0.7.0 on CPython 3.13 (pyenv's
+#                                $(pyenv root)/versions/3.13.*/bin/python3.13); without it the lane skips saying
+#                                why, except under CI (NEMO_RL_SHIM_CI=1), where it fails
 #
 # Each extra lane is a dependency group of pyproject.toml pinning torch (and, for torch-2.9, nemo-automodel),
 # declared as conflicting so that uv.lock holds every lane and `--locked` checks it; its environment lives
@@ -18,7 +21,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 read -r -a UV <<< "${NEMO_RL_SHIM_UV:-uv}"  # .ci/run sets it when uv runs as "python3 -m uv"
-lane="${1:?usage: scripts/lane.sh default|torch-2.11|torch-2.10|torch-2.9 [pytest args]}"
+lane="${1:?usage: scripts/lane.sh default|torch-2.11|torch-2.10|torch-2.9|py3.13-torch-2.11 [pytest args]}"
 shift
 
 case "$lane" in
@@ -28,7 +31,16 @@ case "$lane" in
     torch-2.11) selection=(--group lane-torch-2-11 --extra automodel) ;;
     torch-2.10) selection=(--group lane-torch-2-10 --extra automodel) ;;
     torch-2.9) selection=(--group lane-torch-2-9) ;;
-    *) echo "scripts/lane.sh: unknown lane '$lane' (default, torch-2.11, torch-2.10, torch-2.9)" >&2; exit 2 ;;
+    py3.13-torch-2.11)
+        root="$(pyenv root 2>/dev/null || true)"
+        python313="$(ls "$root"/versions/3.13.*/bin/python3.13 2>/dev/null | sort -V | tail -n 1 || true)"
+        if [[ -z "$python313" || ! -x "$python313" ]]; then
+            echo "scripts/lane.sh: lane $lane: no CPython 3.13 (pyenv root '${root:-none}', no versions/3.13.*/bin/python3.13)" >&2
+            if [[ "${NEMO_RL_SHIM_CI:-}" == 1 ]]; then exit 1; fi
+            echo "scripts/lane.sh: lane $lane skipped" >&2; exit 0
+        fi
+        selection=(--group lane-torch-2-11 --extra automodel --python "$python313") ;;
+    *) echo "scripts/lane.sh: unknown lane '$lane' (default, torch-2.11, torch-2.10, torch-2.9, py3.13-torch-2.11)" >&2; exit 2 ;;
 esac
 export UV_PROJECT_ENVIRONMENT=".lanes/$lane"
 "${UV[@]}" sync --locked "${selection[@]}"

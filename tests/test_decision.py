@@ -6,7 +6,8 @@ release's sources first (:mod:`tests.harness.release_facts`, shared with ``test_
 {patch_automodel}, before ``apply()`` and after it. Beside 0.3.0 ... 0.7.0 run the fixed
 0.7.0 fixture wheels (the pin bump, :mod:`tests.harness.fixture_wheels`) and 0.7.0 with
 ``keep-cpu-backend.patch`` applied: there the CPU half is kept "natively". The legacy pins
-(0.3.0, 0.4.0) also go through ``setup_distributed`` for real on two Gloo ranks.
+(0.3.0, 0.4.0) also go through ``setup_distributed`` for real on two Gloo ranks, where every
+sub-group gets the timeout right after the build.
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ pytestmark = [pytest.mark.releases, pytest.mark.every_lane]
 SPAWN_TIMEOUT_S = 300
 TIMEOUT = 45
 KEEP, CPU_MESH = "keep-cpu-backend", "cpu-mesh-timeout"
-LEGACY_WARNING = "sub-groups keep torch's default"
+LEGACY_REASON = "has no MeshContext.build(timeout_minutes=): every sub-group gets the timeout right after the build"
+#: Default-group backends a legacy pin is decided for in its own process (tests.workers_setup.legacy_pin).
+LEGACY_BACKENDS = ["gloo", "nccl", "cuda:nccl,cpu:gloo", "mpi", "cuda:ucc,cpu:gloo"]
 #: torch's default for Gloo groups, which is all a CPU-only machine builds.
 GLOO_DEFAULT_MINUTES = 30.0
 LEGACY_SCENARIOS = [
@@ -53,11 +56,12 @@ def test_no_timeout_is_no_timeout_everywhere(version: str, release_facts) -> Non
 
 
 @pytest.mark.parametrize("version", LEGACY_RELEASES)
-def test_legacy_pin_forwards_to_the_default_group_only_with_a_warning(version: str, release_facts) -> None:
+def test_legacy_pin_sets_every_sub_group_after_the_build(version: str, release_facts) -> None:
+    """No MeshContext.build(timeout_minutes=): nothing is forwarded, every group gets the timeout after the build."""
     facts = release_facts(version)
     for row in _rows(facts["decisions_before"], timeout=TIMEOUT) + _rows(facts["decisions_after"], timeout=TIMEOUT):
-        assert row["action"] == Action.DEFAULT_GROUP_ONLY.value, row
-        assert f"{TIMEOUT} min" in row["warning"] and LEGACY_WARNING in row["warning"], row
+        assert (row["action"], row["warning"], row["every_group"]) == (Action.SET_AFTER_BUILD.value, None, True), row
+        assert row["reason"] == f"nemo-automodel {version} {LEGACY_REASON}", row
         assert row["forward_minutes"] is None and row["patches"] == [], row
 
 
@@ -150,7 +154,7 @@ def legacy_setup(release_environment):
         if version not in cache:
             results = spawn_ranks(
                 "tests.ranks.set_up:legacy_pin",
-                {"scenarios": LEGACY_SCENARIOS},
+                {"scenarios": LEGACY_SCENARIOS, "backends": LEGACY_BACKENDS, "timeout": TIMEOUT},
                 world_size=2,
                 timeout_s=SPAWN_TIMEOUT_S,
                 env=release_environment(version),
@@ -164,25 +168,39 @@ def legacy_setup(release_environment):
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("version", LEGACY_RELEASES)
 def test_legacy_pin_setup_distributed_on_two_gloo_ranks(version: str, legacy_setup) -> None:
-    """Default group gets the timeout; the mesh is built the legacy way; one warning; size-1 sub-groups keep 30 min."""
+    """The mesh is built the legacy way, without a timeout; right after it every group reads the timeout, no warning."""
     for setup in legacy_setup(version):
         assert setup["version"] == version
         assert setup["build_accepts_timeout"] is False
         assert [s["name"] for s in setup["scenarios"]] == [s["name"] for s in LEGACY_SCENARIOS]
         for scenario in setup["scenarios"]:
             name = scenario["name"]
-            assert scenario["decision"]["action"] == Action.DEFAULT_GROUP_ONLY.value, name
+            assert scenario["decision"]["action"] == Action.SET_AFTER_BUILD.value, name
+            assert scenario["decision"]["every_group"] is True, name
             assert scenario["mesh_builders"] == {"create_device_mesh": 1}, (name, scenario["mesh_builders"])
-            legacy_warnings = [w for w in scenario["runtime_warnings"] if LEGACY_WARNING in w]
-            assert len(legacy_warnings) == 1, (name, scenario["runtime_warnings"])
+            assert scenario["runtime_warnings"] == [], (name, scenario["runtime_warnings"])
             groups = scenario["groups"]
-            assert groups["default"]["timeout_minutes"]["cpu"] == TIMEOUT, (name, groups["default"])
             sub_groups = {g: facts for g, facts in groups.items() if not facts["is_default_group"]}
             assert sub_groups, f"{name}: every axis reused the default group; nothing shows the sub-group timeout"
             for group, facts in groups.items():
-                assert facts["backends"]["cpu"] == "gloo", (name, group, facts)
+                assert set(facts["backends"].values()) == {"gloo"}, (name, group, facts)
                 assert facts["all_reduce"] == facts["size"], (name, group, facts)
-                expected = GLOO_DEFAULT_MINUTES if group in sub_groups else TIMEOUT
-                assert facts["timeout_minutes"]["cpu"] == expected, (name, group, facts)
-                if group in sub_groups and setup["device_mesh"]["reuses_default_group"]:
-                    assert facts["size"] == 1, (name, group, facts)  # world-sized axes are the default group
+                assert set(facts["timeout_minutes"].values()) == {TIMEOUT}, (name, group, facts)
+            # the build left them at Gloo's default: the context names them, each sub-group once
+            assert scenario["timeouts_set_after_build"], (name, scenario)
+            assert set(scenario["timeouts_set_after_build"]) <= set(sub_groups), (name, scenario)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("version", LEGACY_RELEASES)
+def test_legacy_pin_default_group_only_where_a_backend_has_no_timeout_setter(version: str, legacy_setup) -> None:
+    """Decided in the legacy release's own process for each default-group backend."""
+    decisions = legacy_setup(version)[0]["decisions"]
+    for backend in ("gloo", "nccl", "cuda:nccl,cpu:gloo"):
+        row = decisions[backend]
+        assert (row["action"], row["every_group"], row["warning"]) == (Action.SET_AFTER_BUILD.value, True, None), row
+    for backend, unsettable in (("mpi", "mpi"), ("cuda:ucc,cpu:gloo", "ucc")):
+        row = decisions[backend]
+        assert (row["action"], row["every_group"]) == (Action.DEFAULT_GROUP_ONLY.value, False), row
+        assert f"torch cannot change the timeout of a {unsettable} backend after the build" in row["warning"], row
+        assert f"only the default group gets {TIMEOUT} min" in row["warning"], row

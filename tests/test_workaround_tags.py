@@ -3,12 +3,14 @@
 A repository-wide search (every file git tracks, and every untracked file it does not
 ignore) for ``AUTOMODEL-WORKAROUND(<slug>)`` must find exactly the files the workaround's
 ``places`` lists, and the removal steps the tripwire prints must name each of them. The
-parametrization covers every registered workaround, and every slug tagged in the tree is a
-registered one, so no workaround can fall out of these checks.
+parametrization covers every registered workaround, the registry holds every workaround unit
+found on disk, and every slug tagged in the tree is a registered one, so no workaround can fall
+out of these checks.
 """
 
 from __future__ import annotations
 
+import importlib
 import re
 import shutil
 import subprocess
@@ -63,10 +65,35 @@ def _tagged_slugs() -> dict[str, set[str]]:
     return found
 
 
-def test_the_checks_cover_every_registered_workaround() -> None:
-    checked = [w.slug for w in CHECKED]
-    registered = [w.slug for w in automodel_patch.WORKAROUNDS]
-    assert checked == registered, f"the tag checks run on {checked}, the registry holds {registered}"
+def _units_on_disk() -> dict[str, str]:
+    """``{slug: file}`` for every module of ``automodel_patch`` whose source builds a ``WORKAROUND``."""
+    units = {}
+    for path in sorted((REPO_ROOT / "automodel_patch").glob("*.py")):
+        if re.search(r"^WORKAROUND = Workaround\(", path.read_text(encoding="utf-8"), re.MULTILINE):
+            module = importlib.import_module(f"automodel_patch.{path.stem}")
+            units[module.WORKAROUND.slug] = path.name
+    return units
+
+
+def test_the_checks_cover_every_workaround_unit_on_disk() -> None:
+    """The checks follow the registry; every unit file on disk must be in it, and nothing else."""
+    on_disk = _units_on_disk()
+    checked = sorted(w.slug for w in CHECKED)
+    assert len(on_disk) >= 2, f"found {len(on_disk)} workaround units on disk: {on_disk}"  # the search works
+    assert checked == sorted(on_disk), f"the tag checks run on {checked}, the unit files on disk are {on_disk}"
+
+
+def test_the_removal_steps_name_the_shim_files_that_use_the_package() -> None:
+    from automodel_patch._workaround import SHIM_USERS
+
+    users = sorted(
+        path.relative_to(REPO_ROOT).as_posix()
+        for path in (REPO_ROOT / "nemo_rl_shim").rglob("*.py")
+        if re.search(r"^\s*(import|from) automodel_patch\b", path.read_text(encoding="utf-8"), re.MULTILINE)
+    )
+    assert sorted(SHIM_USERS) == users
+    steps = automodel_patch.WORKAROUNDS[0].removal_steps("9.9.9")
+    assert all(user in steps for user in users), steps
 
 
 def test_every_tag_in_the_tree_is_a_checked_workaround() -> None:

@@ -16,6 +16,7 @@ import torch
 
 import automodel_patch
 from nemo_rl_shim.decision import decide
+from nemo_rl_shim.process_group import backend_for
 from nemo_rl_shim.support import TESTED_PAIRS, check
 from nemo_rl_shim.timeouts import TIMEOUT_API
 
@@ -24,11 +25,11 @@ __all__ = ["INSTALL_HINT", "SAMPLE_TIMEOUT_MINUTES", "gather_status", "render_st
 #: The timeout the sample decisions are made for.
 SAMPLE_TIMEOUT_MINUTES = 45.0
 INSTALL_HINT = "uv sync --extra automodel"
-#: The default groups a run can have: (label, cpu_offload, cpu_mesh).
+#: The default groups a run can have: (label, cpu_offload, CUDA devices).
 RUNS = (
-    ("GPUs, CPU offload", True, False),
-    ("GPUs, no CPU offload", False, False),
-    ("no CUDA device", False, True),
+    ("GPUs, CPU offload", True, True),
+    ("GPUs, no CPU offload", False, True),
+    ("no CUDA device", False, False),
 )
 _VERDICT_TEXT = {
     "needed": "needed",
@@ -39,20 +40,22 @@ _VERDICT_TEXT = {
 
 
 def _decisions(timeout_minutes: float) -> list[dict[str, Any]]:
-    here_cpu_mesh = not torch.cuda.is_available()
+    here_cuda = torch.cuda.is_available()
     decisions = []
-    for label, cpu_offload, cpu_mesh in RUNS:
-        decision = decide(timeout_minutes, cpu_offload=cpu_offload, cpu_mesh=cpu_mesh)
+    for label, cpu_offload, cuda in RUNS:
+        backend = backend_for(cpu_offload=cpu_offload, cuda_available=cuda)
+        decision = decide(timeout_minutes, cpu_offload=cpu_offload, default_backend=backend)
         decisions.append(
             {
                 "run": label,
-                "this_machine": cpu_mesh == here_cpu_mesh,
+                "this_machine": cuda == here_cuda,
                 "cpu_offload": cpu_offload,
                 "default_backend": decision.default_backend,
                 "action": decision.action.value,
                 "reason": decision.reason,
                 "warning": decision.warning,
                 "applies": list(decision.patches),
+                "every_group": decision.every_group,
             }
         )
     return decisions
@@ -119,6 +122,11 @@ def _decision_lines(status: dict[str, Any]) -> list[str]:
     if status["decisions"] is None:
         return [f"setup_distributed ({minutes} min): n/a, it needs a nemo-automodel that imports here"]
     lines = []
+    if status["build_accepts_timeout"] is False:
+        lines.append(
+            "MeshContext.build(timeout_minutes=): absent; setup_distributed sets the timeout on every sub-group "
+            "right after the build and reads it back (nemo_rl_shim.mesh_timeouts.set_mesh_timeouts)"
+        )
     for d in status["decisions"]:
         here = ", this machine" if d["this_machine"] else ""
         lines.append(f"setup_distributed ({minutes} min, {d['run']}: {d['default_backend']}{here}): {d['action']}")

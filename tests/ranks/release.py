@@ -32,6 +32,7 @@ def _verdicts(*, installed: bool) -> dict[str, dict[str, str]]:
 
 def _matrix() -> list[dict[str, Any]]:
     from nemo_rl_shim.decision import decide
+    from nemo_rl_shim.process_group import backend_for
 
     rows = []
     for timeout in TIMEOUTS:
@@ -40,7 +41,10 @@ def _matrix() -> list[dict[str, Any]]:
                 for patch in (True, False):
                     with warnings.catch_warnings():
                         warnings.simplefilter("ignore")
-                        decision = decide(timeout, cpu_offload=cpu_offload, patch_automodel=patch, cpu_mesh=cpu_mesh)
+                        backend = backend_for(cpu_offload=cpu_offload, cuda_available=not cpu_mesh)
+                        decision = decide(
+                            timeout, cpu_offload=cpu_offload, patch_automodel=patch, default_backend=backend
+                        )
                     rows.append(
                         {
                             "timeout": timeout,

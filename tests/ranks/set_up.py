@@ -138,8 +138,15 @@ def layouts(params: dict[str, Any]) -> dict[str, Any]:
 
 
 def legacy_pin(params: dict[str, Any]) -> dict[str, Any]:
-    """On a pin without ``MeshContext.build(timeout_minutes=)``: real set-ups (see :func:`layouts`)."""
-    return layouts(params)
+    """On a pin without ``MeshContext.build(timeout_minutes=)``: real set-ups (see :func:`layouts`), and the
+    decision for ``timeout`` under each default-group backend of ``backends``."""
+    from nemo_rl_shim.decision import decide
+
+    decisions = {
+        backend: decide(params["timeout"], cpu_offload="cpu:" in backend, default_backend=backend).to_dict()
+        for backend in params.get("backends", [])
+    }
+    return {**layouts(params), "decisions": decisions}
 
 
 def single_rank_cpu_offload(params: dict[str, Any]) -> dict[str, Any]:
