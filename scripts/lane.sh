@@ -29,6 +29,7 @@ LANE_TESTS=(
     tests/test_decision.py tests/test_preflight.py tests/test_cli.py tests/test_support.py
     tests/test_context.py tests/test_tripwire.py tests/test_dry_run.py
     tests/test_flight_recorder.py tests/test_flight_recorder_config.py tests/test_hang_report_preflight.py
+    tests/test_mesh_timeouts.py
 )
 case "$lane" in
     default)
@@ -45,7 +46,10 @@ case "$lane" in
             if [[ "${NEMO_RL_SHIM_CI:-}" == 1 ]]; then exit 1; fi
             echo "scripts/lane.sh: lane $lane skipped" >&2; exit 0
         fi
-        selection=(--group lane-torch-2-11 --extra automodel --python "$python313") ;;
+        selection=(--group lane-torch-2-11 --extra automodel --python "$python313")
+        # the multi-process, set-up and preflight tests (the torch-2.11 lane runs the rest on this pair)
+        LANE_TESTS=(tests/test_mesh_cpu.py tests/test_setup_distributed.py tests/test_mesh_timeouts.py
+                    tests/test_preflight.py tests/test_support.py) ;;
     *) echo "scripts/lane.sh: unknown lane '$lane' (default, torch-2.11, torch-2.10, torch-2.9, py3.13-torch-2.11)" >&2; exit 2 ;;
 esac
 export UV_PROJECT_ENVIRONMENT=".lanes/$lane"
