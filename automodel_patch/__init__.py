@@ -5,7 +5,7 @@ Public API:
 * :data:`WORKAROUNDS` - every workaround, one unit each (slug, probe, layer, removal steps).
 * :func:`detect` - behavioural verdict on the installed Automodel for one workaround.
 * :func:`apply` / :func:`revert` / :func:`is_applied` / :func:`active` - the run-time layers.
-* :data:`SOURCE_PATCH` - a unified diff for forks of 0.5.0, 0.6.0 and 0.7.0 (keep-cpu-backend).
+* :data:`SOURCE_PATCH` - a unified diff for forks of 0.5.0 ... 0.7.0; AUTOMODEL-WORKAROUND(keep-cpu-backend)
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from automodel_patch.keep_cpu_backend import WORKAROUND as KEEP_CPU_BACKEND  # A
 
 __all__ = [
     "MARKER",
-    "SOURCE_PATCH",
+    "SOURCE_PATCH",  # AUTOMODEL-WORKAROUND(keep-cpu-backend)
     "WORKAROUNDS",
     "ApplyReport",
     "ApplyStatus",
@@ -63,7 +63,7 @@ WORKAROUNDS: tuple[Workaround, ...] = (
 )
 _apply._register(WORKAROUNDS)
 
-SOURCE_PATCH = Path(__file__).with_name("keep-cpu-backend.patch")
+SOURCE_PATCH = Path(__file__).with_name("keep-cpu-backend.patch")  # AUTOMODEL-WORKAROUND(keep-cpu-backend)
 
 
 def workaround(slug: str) -> Workaround:

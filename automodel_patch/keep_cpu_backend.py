@@ -75,7 +75,7 @@ WORKAROUND = Workaround(
     tripwire="tests/test_tripwire.py::test_keep_cpu_backend_is_still_needed",
     places={
         "automodel_patch/keep_cpu_backend.py": "the workaround itself: delete the file",
-        "automodel_patch/__init__.py": "its entry in WORKAROUNDS and its import: delete both lines",
+        "automodel_patch/__init__.py": "its entry in WORKAROUNDS, its import and SOURCE_PATCH: delete the tagged lines",
         "automodel_patch/keep-cpu-backend.patch": "the source patch for forks: delete the file",
         "automodel_patch/upstream/keep-cpu-backend.patch": "the upstream PR (merged by now): delete the file",
         "automodel_patch/upstream/keep-cpu-backend.md": "the upstream PR's description: delete the file",

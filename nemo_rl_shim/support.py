@@ -21,6 +21,8 @@ from typing import Any
 import torch
 from packaging.version import Version
 
+from nemo_rl_shim.error_line import first_line
+
 __all__ = [
     "TESTED_PAIRS",
     "AutomodelImport",
@@ -80,15 +82,10 @@ def import_automodel() -> AutomodelImport:
         except ModuleNotFoundError as e:
             if e.name == "nemo_automodel":
                 return AutomodelImport(False, None)
-            return AutomodelImport(True, _version(), _first_line(e))
+            return AutomodelImport(True, _version(), first_line(e))
         except Exception as e:  # an installed release that does not import on this torch
-            return AutomodelImport(True, _version(), _first_line(e))
+            return AutomodelImport(True, _version(), first_line(e))
     return AutomodelImport(True, _version())
-
-
-def _first_line(error: BaseException) -> str:
-    lines = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {lines[0] if lines else ''}".strip()
 
 
 def _torch_version() -> str:

@@ -24,6 +24,7 @@ read -r -a UV <<< "${NEMO_RL_SHIM_UV:-uv}"  # .ci/run sets it when uv runs as "p
 lane="${1:?usage: scripts/lane.sh default|torch-2.11|torch-2.10|torch-2.9|py3.13-torch-2.11 [pytest args]}"
 shift
 
+marker=every_lane
 case "$lane" in
     default)
         "${UV[@]}" sync --locked --extra automodel --extra ray
@@ -39,9 +40,11 @@ case "$lane" in
             if [[ "${NEMO_RL_SHIM_CI:-}" == 1 ]]; then exit 1; fi
             echo "scripts/lane.sh: lane $lane skipped" >&2; exit 0
         fi
-        selection=(--group lane-torch-2-11 --extra automodel --python "$python313") ;;
+        selection=(--group lane-torch-2-11 --extra automodel --python "$python313")
+        # the multi-process, set-up and preflight tests; the torch-2.11 lane runs the rest on this pair
+        marker=nemo_rl_python ;;
     *) echo "scripts/lane.sh: unknown lane '$lane' (default, torch-2.11, torch-2.10, torch-2.9, py3.13-torch-2.11)" >&2; exit 2 ;;
 esac
 export UV_PROJECT_ENVIRONMENT=".lanes/$lane"
 "${UV[@]}" sync --locked "${selection[@]}"
-exec "${UV[@]}" run --locked "${selection[@]}" pytest -m every_lane "$@"
+exec "${UV[@]}" run --locked "${selection[@]}" pytest -m "$marker" "$@"

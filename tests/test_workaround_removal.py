@@ -2,7 +2,7 @@
 
 For each registered workaround: a copy of ``automodel_patch`` and ``nemo_rl_shim`` in which its
 places inside those packages are done as listed (a file "delete the file" is deleted; elsewhere
-the lines carrying its tag go, as ``automodel_patch/__init__.py``'s "delete both lines" says).
+the lines carrying its tag go, as ``automodel_patch/__init__.py``'s "delete the tagged lines" says).
 The copy's library then runs on the installed nemo-automodel 0.7.0, where both workarounds are
 still needed, in a fresh interpreter (:mod:`tests.workers_removal`). Nothing may name the removed
 workaround, and no run whose default group it concerned may be told something false about it: a
