@@ -73,7 +73,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    last_run = config.cache.get(DURATIONS_KEY, {}) if config.cache is not None else {}
+    cache = getattr(config, "cache", None)  # absent under -p no:cacheprovider
+    last_run = cache.get(DURATIONS_KEY, {}) if cache is not None else {}
 
     def rank(item: pytest.Item) -> tuple[bool, float]:
         name = item.path.name
@@ -88,7 +89,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """The pytest process (not an xdist worker) records this run's durations per file for the next run's order."""
-    cache = session.config.cache
+    cache = getattr(session.config, "cache", None)
     if os.environ.get("PYTEST_XDIST_WORKER") or cache is None or not _durations_now:
         return
     recorded = {**cache.get(DURATIONS_KEY, {}), **{name: round(s, 1) for name, s in _durations_now.items()}}
