@@ -6,8 +6,9 @@ fixture wheels, commands at once), ``tests/ranks/`` (rank-side code) and ``tests
 Order: pytest-xdist hands files out in collected order (``--no-loadscope-reorder`` in
 pyproject.toml: by default it reorders files by their number of tests, which leaves few-test,
 long-waiting files for last). Files go longest first, by the durations this suite recorded for
-each file on its last run in this checkout (setup, call and teardown of every test, module
-fixtures included; kept in pytest's cache under :data:`DURATIONS_KEY`); a file not timed yet
+each file on its last run in this checkout that did not pick tests by ``-k`` or node id (setup,
+call and teardown of every test, module fixtures included; kept in pytest's cache under
+:data:`DURATIONS_KEY`); a file not timed yet
 keeps its collected place after the timed ones, and the Ray test goes last (its tree runs from
 the start, in the background).
 """
@@ -92,6 +93,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     cache = getattr(session.config, "cache", None)
     if os.environ.get("PYTEST_XDIST_WORKER") or cache is None or not _durations_now:
         return
+    if session.config.option.keyword or any("::" in arg for arg in session.config.args):
+        return  # a run of some tests of a file says nothing of the whole file's duration
     recorded = {**cache.get(DURATIONS_KEY, {}), **{name: round(s, 1) for name, s in _durations_now.items()}}
     cache.set(DURATIONS_KEY, recorded)
 
