@@ -8,9 +8,8 @@ pyproject.toml: by default it reorders files by their number of tests, which lea
 long-waiting files for last). Files go longest first, by the durations this suite recorded for
 each file on its last run in this checkout that did not pick tests by ``-k`` or node id (setup,
 call and teardown of every test, module fixtures included; kept in pytest's cache under
-:data:`DURATIONS_KEY`); a file not timed yet
-keeps its collected place after the timed ones, and the Ray test goes last (its tree runs from
-the start, in the background).
+:data:`DURATIONS_KEY`). A file not timed yet (every file, in a fresh checkout) keeps its collected
+place after the timed ones, and the Ray test goes last (its tree runs from the start, in the background).
 """
 
 from __future__ import annotations
