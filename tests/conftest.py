@@ -6,10 +6,10 @@ fixture wheels, commands at once), ``tests/ranks/`` (rank-side code) and ``tests
 Order: pytest-xdist hands files out in collected order (``--no-loadscope-reorder`` in
 pyproject.toml: by default it reorders files by their number of tests, which leaves few-test,
 long-waiting files for last). Files go longest first, by the durations this suite recorded for
-each file on its last run in this checkout (setup, call and teardown of every test, module
-fixtures included; kept in pytest's cache under :data:`DURATIONS_KEY`); a file not timed yet
-keeps its collected place after the timed ones, and the Ray test goes last (its tree runs from
-the start, in the background).
+each file on its last run in this checkout that did not pick tests by ``-k`` or node id (setup,
+call and teardown of every test, module fixtures included; kept in pytest's cache under
+:data:`DURATIONS_KEY`). A file not timed yet (every file, in a fresh checkout) keeps its collected
+place after the timed ones, and the Ray test goes last (its tree runs from the start, in the background).
 """
 
 from __future__ import annotations
@@ -73,7 +73,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    last_run = config.cache.get(DURATIONS_KEY, {}) if config.cache is not None else {}
+    cache = getattr(config, "cache", None)  # absent under -p no:cacheprovider
+    last_run = cache.get(DURATIONS_KEY, {}) if cache is not None else {}
 
     def rank(item: pytest.Item) -> tuple[bool, float]:
         name = item.path.name
@@ -88,9 +89,11 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """The pytest process (not an xdist worker) records this run's durations per file for the next run's order."""
-    cache = session.config.cache
+    cache = getattr(session.config, "cache", None)
     if os.environ.get("PYTEST_XDIST_WORKER") or cache is None or not _durations_now:
         return
+    if session.config.option.keyword or any("::" in arg for arg in session.config.args):
+        return  # a run of some tests of a file says nothing of the whole file's duration
     recorded = {**cache.get(DURATIONS_KEY, {}), **{name: round(s, 1) for name, s in _durations_now.items()}}
     cache.set(DURATIONS_KEY, recorded)
 

@@ -30,7 +30,7 @@ from nemo_rl_shim.cli.preflight.options import DEFAULT_SECTION
 from nemo_rl_shim.cli.preflight.rank_checks import SKIPPED
 from nemo_rl_shim.cli.preflight.ray_actors import bundle_of, plan_note, plan_ray_ranks
 from nemo_rl_shim.cli.preflight.report import COLUMNS, find_problems
-from nemo_rl_shim.cli.preflight.runner import RankPlan, plan_ranks
+from nemo_rl_shim.cli.preflight.runner import RankPlan, Runner, plan_ranks
 from nemo_rl_shim.cli.preflight.spawn import free_port
 from tests.harness.at_once import Finished, run_at_once
 from tests.harness.paths import REPO_ROOT
@@ -237,6 +237,16 @@ def test_plan_ranks_one_per_gpu_else_two_cpu_ranks():
     assert (one.world_size, one.device, one.env) == (2, "cpu", {"CUDA_VISIBLE_DEVICES": ""})
     with pytest.raises(ValueError, match="--nproc 8 exceeds the 4 CUDA devices"):
         plan_ranks(8, 4, gpus)
+
+
+def test_the_four_runners_implement_the_one_runner_interface():
+    from nemo_rl_shim.cli.preflight import dry_run, join, ray_actors, spawn
+
+    runners = (spawn.SpawnRunner, join.JoinRunner, ray_actors.RayRunner, dry_run.DryRunner)
+    for runner in runners:
+        assert issubclass(runner, Runner), runner
+        missing = [name for name in ("capacity", "plan", "run") if getattr(runner, name) is getattr(Runner, name)]
+        assert missing == [], f"{runner.__name__} does not implement {missing}"
 
 
 def test_detect_launcher_torchrun_slurm_or_none():

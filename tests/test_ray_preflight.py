@@ -106,7 +106,7 @@ def test_a_stalled_actor_is_named_in_one_line_within_the_bound(scenarios, record
     assert 0 <= waited <= STALL_TIMEOUT_S and 0 <= stalled <= STALL_TIMEOUT_S, line
     assert round(stuck[0]["phase_s"]) == waited and round(stuck[1]["phase_s"]) == stalled, stacks
     # Where: rank 1 in the fault injection's sleep, rank 0 inside its all_reduce (innermost frames, innermost last).
-    assert re.fullmatch(r"nemo_rl_shim/cli/_rank_checks\.py:\d+ in check_rank", stuck[1]["stack"][-1]), stacks
+    assert re.fullmatch(r"nemo_rl_shim/cli/preflight/rank_checks\.py:\d+ in check_rank", stuck[1]["stack"][-1]), stacks
     assert any(" in _group_row" in frame for frame in stuck[0]["stack"]), stacks
     assert "check_rank" not in stuck[0]["stack"][-1], stacks
     assert run["report"]["timed_out"] is True and run["report"]["ok"] is False

@@ -66,6 +66,12 @@ def _add_preflight(subparsers: argparse._SubParsersAction) -> None:
         help="the training world to check (default: NeMo RL's rule on the config's cluster section). A world "
         "larger than this machine (or the Ray cluster) can run exits 2 and points to --dry-run",
     )
+    _add_section_flags(p)
+    _add_run_flags(p)
+
+
+def _add_section_flags(p: argparse.ArgumentParser) -> None:
+    """The flags that set keys of the role's section."""
     p.add_argument("--role", choices=("policy", "value"), default="policy", help="config section (default policy)")
     p.add_argument("--timeout-minutes", type=float, help="automodel_cfg.distributed_timeout_minutes")
     p.add_argument(
@@ -77,6 +83,15 @@ def _add_preflight(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--ep", type=_positive_int, help="dtensor_cfg.expert_parallel_size")
     p.add_argument("--dp-replicate", type=_positive_int, help="dtensor_cfg.dp_replicate_size")
     p.add_argument("--no-patch", action="store_true", help="automodel_cfg.patch_automodel: false")
+    p.add_argument(
+        "--flight-recorder",
+        metavar="DIR",
+        help="automodel_cfg.flight_recorder: {enabled: true, dump_dir: DIR}; a failed run ends with hang-report's line",
+    )
+
+
+def _add_run_flags(p: argparse.ArgumentParser) -> None:
+    """The flags that choose where and how the ranks run, and the report."""
     p.add_argument("--nproc", type=int, help="local ranks to spawn (default: one per GPU, or 2 on CPU)")
     p.add_argument("--timeout-s", type=float, default=300.0, help="bound on the whole run (default 300)")
     p.add_argument(
@@ -99,11 +114,6 @@ def _add_preflight(subparsers: argparse._SubParsersAction) -> None:
         help="with --dry-run above 64 ranks: a sample covering every group shape (default), or all ranks",
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
-    p.add_argument(
-        "--flight-recorder",
-        metavar="DIR",
-        help="automodel_cfg.flight_recorder: {enabled: true, dump_dir: DIR}; a failed run ends with hang-report's line",
-    )
     # Fault injection for tests: this rank sleeps after set-up, so its peers wait on it in a collective.
     p.add_argument("--stall-rank", type=int, help=argparse.SUPPRESS)
     p.add_argument("--stall-s", type=float, default=0.0, help=argparse.SUPPRESS)

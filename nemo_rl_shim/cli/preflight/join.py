@@ -60,7 +60,7 @@ class JoinRunner(Runner):
         return Capacity(world=self.launcher.world_size)
 
     def plan(self, ranks: int | None) -> RankPlan:
-        return RankPlan(self.launcher.world_size, "launcher's")
+        return RankPlan(self.launcher.world_size, "launcher")
 
     def run(self, options: PreflightOptions, ranks: RankPlan, progress: Progress) -> RankRun:
         launcher = self.launcher

@@ -140,6 +140,32 @@ def ranks_for_world(options: PreflightOptions, capacity: int, here: str) -> int 
     return max(options.world_size, MIN_RANKS)
 
 
+def _apply_flags(section: dict[str, Any], role: cfg.Role, overrides: Mapping[str, Any], patch: bool) -> bool:
+    """The flags' ``overrides`` written into ``section`` (in place), then the section checked; its ``cpu_offload``."""
+    automodel = section["automodel_cfg"] = dict(section.get("automodel_cfg") or {})
+    dtensor = section["dtensor_cfg"] = dict(section.get("dtensor_cfg") or {})
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        if key in _AUTOMODEL_OVERRIDES:
+            automodel[_AUTOMODEL_OVERRIDES[key]] = value
+        elif key in _DTENSOR_OVERRIDES:
+            dtensor[_DTENSOR_OVERRIDES[key]] = value
+        else:
+            raise ValueError(f"unknown preflight override {key!r}")
+    if not patch:
+        automodel["patch_automodel"] = False
+    where = f"{role}.automodel_cfg"
+    cfg.distributed_timeout_minutes_after_init(automodel, where)  # checks the start-up value too
+    cfg.patch_automodel(automodel, where)
+    cfg.flight_recorder(automodel, where)  # makes the dump directory and checks it is writable
+    parallel_sizes(dtensor, f"{role}.dtensor_cfg")
+    cpu_offload = dtensor.get("cpu_offload", False)
+    if not isinstance(cpu_offload, bool):
+        raise ValueError(f"{role}.dtensor_cfg.cpu_offload must be true or false, got {cpu_offload!r}")
+    return cpu_offload
+
+
 def build_options(
     config_path: str | None = None,
     role: cfg.Role = "policy",
@@ -171,27 +197,7 @@ def build_options(
     config = read_config(config_path, recipe_overrides)
     section = _base_section(config, config_path, role)
     training = training_world_of(config, role, world)
-    automodel = section["automodel_cfg"] = dict(section.get("automodel_cfg") or {})
-    dtensor = section["dtensor_cfg"] = dict(section.get("dtensor_cfg") or {})
-    for key, value in (overrides or {}).items():
-        if value is None:
-            continue
-        if key in _AUTOMODEL_OVERRIDES:
-            automodel[_AUTOMODEL_OVERRIDES[key]] = value
-        elif key in _DTENSOR_OVERRIDES:
-            dtensor[_DTENSOR_OVERRIDES[key]] = value
-        else:
-            raise ValueError(f"unknown preflight override {key!r}")
-    if not patch:
-        automodel["patch_automodel"] = False
-    where = f"{role}.automodel_cfg"
-    cfg.distributed_timeout_minutes_after_init(automodel, where)  # checks the start-up value too
-    cfg.patch_automodel(automodel, where)
-    cfg.flight_recorder(automodel, where)  # makes the dump directory and checks it is writable
-    parallel_sizes(dtensor, f"{role}.dtensor_cfg")
-    cpu_offload = dtensor.get("cpu_offload", False)
-    if not isinstance(cpu_offload, bool):
-        raise ValueError(f"{role}.dtensor_cfg.cpu_offload must be true or false, got {cpu_offload!r}")
+    cpu_offload = _apply_flags(section, role, overrides or {}, patch)
     if nproc is not None and nproc < MIN_RANKS:
         raise ValueError(f"--nproc must be at least {MIN_RANKS}, got {nproc}")
     if not timeout_s > 0:

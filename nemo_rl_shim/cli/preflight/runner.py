@@ -45,7 +45,8 @@ class Capacity:
 
 @dataclass(frozen=True)
 class RankPlan:
-    """How many ranks to start, on which device (``"cuda"``, ``"cpu"``, ``"fake"``), with which extra environment."""
+    """How many ranks, on which device (``"cuda"``, ``"cpu"``, ``"fake"``; ``"launcher"``: as it placed them), with
+    which extra environment."""
 
     world_size: int
     device: str
