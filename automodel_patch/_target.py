@@ -18,17 +18,26 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 __all__ = [
+    "CONFIG_MODULE",
+    "DISTRIBUTED_PACKAGE",
     "MESH_MODULE",
     "MESH_UTILS_MODULE",
+    "MOE_CONFIG_MODULES",
     "OVERRIDE_NAME",
     "build_accepts_timeout",
     "installed_version",
     "load_mesh",
     "load_mesh_utils",
+    "takes_timeout",
 ]
 
-MESH_UTILS_MODULE = "nemo_automodel.components.distributed.mesh_utils"
-MESH_MODULE = "nemo_automodel.components.distributed.mesh"
+#: Automodel's distributed package and the modules of it the shim reads, in one place.
+DISTRIBUTED_PACKAGE = "nemo_automodel.components.distributed"
+MESH_UTILS_MODULE = f"{DISTRIBUTED_PACKAGE}.mesh_utils"
+MESH_MODULE = f"{DISTRIBUTED_PACKAGE}.mesh"
+CONFIG_MODULE = f"{DISTRIBUTED_PACKAGE}.config"
+#: Where ``MoEParallelizerConfig`` lives: ``distributed.config`` from 0.7.0, ``moe.config`` before.
+MOE_CONFIG_MODULES = (CONFIG_MODULE, "nemo_automodel.components.moe.config")
 OVERRIDE_NAME = "_nccl_backend_override"
 _GIT_SHA = re.compile(r"[0-9a-f]{7,40}")
 
@@ -59,11 +68,24 @@ def build_accepts_timeout() -> bool:
     build = getattr(getattr(load_mesh(), "MeshContext", None), "build", None)
     if build is None:
         return False
-    return _takes_timeout(getattr(build, "__func__", build))
+    return takes_timeout(getattr(build, "__func__", build))
+
+
+def takes_timeout(function: Callable[..., Any] | None) -> bool:
+    """Whether ``function`` takes a ``timeout_minutes`` keyword: the one signature probe of every gate.
+
+    ``None``, or a callable whose signature cannot be read, takes none; the probe never raises.
+    """
+    if function is None:
+        return False
+    try:
+        return _signature_takes_timeout(function)
+    except (TypeError, ValueError):
+        return False
 
 
 @functools.cache
-def _takes_timeout(function: Callable[..., Any]) -> bool:
+def _signature_takes_timeout(function: Callable[..., Any]) -> bool:
     # Keyed on the function object: inspect.signature costs ~0.1 ms and sits on every set-up.
     return "timeout_minutes" in inspect.signature(function).parameters
 

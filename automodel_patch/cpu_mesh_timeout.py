@@ -22,14 +22,13 @@ Upstream PR: ``automodel_patch/upstream/cpu-mesh-timeout.patch`` (description be
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import Any
 
 from automodel_patch import _override, _probe
 from automodel_patch._fallback import or_genuine
-from automodel_patch._target import OVERRIDE_NAME
+from automodel_patch._target import OVERRIDE_NAME, takes_timeout
 from automodel_patch._verdict import Detection
 from automodel_patch._workaround import Functions, Workaround
 
@@ -60,15 +59,8 @@ class _RecordingFlatMesh:
         return "unflattened"
 
 
-def _takes_timeout(function: Callable[..., Any] | None) -> bool:
-    try:
-        return function is not None and "timeout_minutes" in inspect.signature(function).parameters
-    except (TypeError, ValueError):
-        return False
-
-
 def _moe_problems(unflatten: Callable[..., Any] | None) -> list[str]:
-    if not _takes_timeout(unflatten):
+    if not takes_timeout(unflatten):
         return []  # no MoE timeout plumbing on any device (0.5.0): nothing this workaround could add
     mesh = _RecordingFlatMesh()
     _probe.call_under(GLOO, unflatten, mesh, 0, _MOE_SIZES, _MOE_NAMES, timeout_minutes=1)
@@ -94,7 +86,7 @@ def make_unflatten_compat(unflatten_compat: Callable[..., Any], mesh_utils: Modu
     Returns None when the installed function takes no ``timeout_minutes`` (0.5.0),
     which has no timeout plumbing for the MoE mesh at all.
     """
-    if not _takes_timeout(unflatten_compat):
+    if not takes_timeout(unflatten_compat):
         return None
 
     def unflatten_compat_with_cpu_timeout(

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, NotRequired, TypedDict
 
+from nemo_rl_shim.integers import is_positive_int
+
 __all__ = [
     "FLIGHT_RECORDER_DEFAULTS",
     "MIN_TIMEOUT",
@@ -25,7 +27,6 @@ __all__ = [
     "distributed_timeout_minutes",
     "distributed_timeout_minutes_after_init",
     "flight_recorder",
-    "load_config",
     "minutes_timedelta",
     "patch_automodel",
 ]
@@ -57,17 +58,6 @@ class AutomodelConfig(TypedDict):
     #: On, every rank records its last ``buffer_size`` collectives and writes them to ``dump_dir`` when a
     #: collective times out (see :mod:`nemo_rl_shim.flight_recorder`; read with ``nemo-rl-shim hang-report``).
     flight_recorder: NotRequired[Mapping[str, Any] | None]
-
-
-def load_config(path: str | Path) -> dict[str, Any]:
-    """Read a NeMo RL-style YAML file into a dict."""
-    import yaml
-
-    with open(path, encoding="utf-8") as handle:
-        loaded = yaml.safe_load(handle)
-    if not isinstance(loaded, dict):
-        raise ValueError(f"{path} must hold a YAML mapping at the top level, got {type(loaded).__name__}")
-    return loaded
 
 
 def automodel_cfg(config: Mapping[str, Any], role: Role = "policy") -> Mapping[str, Any]:
@@ -202,7 +192,7 @@ def flight_recorder(cfg: Mapping[str, Any], where: str = "policy.automodel_cfg")
     if not isinstance(values["enabled"], bool):
         raise ValueError(f"{key}.enabled must be true or false, got {values['enabled']!r}")
     size = values["buffer_size"]
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+    if not is_positive_int(size):
         raise ValueError(f"{key}.buffer_size must be a positive integer (entries per rank), got {size!r}")
     if values["dump_dir"] is not None:
         _check_dir_name(values["dump_dir"], f"{key}.dump_dir")

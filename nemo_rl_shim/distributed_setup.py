@@ -20,10 +20,12 @@ import torch
 import torch.distributed as dist
 
 import automodel_patch
+from automodel_patch._target import CONFIG_MODULE, MESH_MODULE, MESH_UTILS_MODULE, MOE_CONFIG_MODULES
 from nemo_rl_shim import config as cfg
 from nemo_rl_shim import flight_recorder
 from nemo_rl_shim.decision import Decision, decide
-from nemo_rl_shim.groups import backend_timeouts
+from nemo_rl_shim.groups import axis_mesh, backend_timeouts
+from nemo_rl_shim.integers import positive_int
 from nemo_rl_shim.mesh_timeouts import set_mesh_timeouts
 from nemo_rl_shim.process_group import backend_for, init_process_group
 from nemo_rl_shim.support import require_supported
@@ -38,8 +40,6 @@ __all__ = [
     "parallel_sizes",
     "setup_distributed",
 ]
-
-_DIST = "nemo_automodel.components.distributed"
 
 
 class RuntimeConfig(NamedTuple):
@@ -99,9 +99,7 @@ def parallel_sizes(dtensor_cfg: Mapping[str, Any], where: str = "policy.dtensor_
     sizes = {}
     for field, key in _SIZE_KEYS.items():
         value = dtensor_cfg.get(key, 1)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{where}.{key} must be a positive integer, got {value!r}")
-        sizes[field] = value
+        sizes[field] = positive_int(value, f"{where}.{key}")
     return ParallelSizes(**sizes)
 
 
@@ -113,7 +111,7 @@ def _accepted(cls: type, wanted: Mapping[str, Any]) -> dict[str, Any]:
 def _fsdp2_config(dtensor_cfg: Mapping[str, Any], runtime_config: RuntimeConfig) -> Any:
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
 
-    fsdp2_cls = importlib.import_module(f"{_DIST}.config").FSDP2Config
+    fsdp2_cls = importlib.import_module(CONFIG_MODULE).FSDP2Config
     wanted = {
         "sequence_parallel": dtensor_cfg.get("sequence_parallel", False),
         "tp_plan": dtensor_cfg.get("custom_parallel_plan"),
@@ -131,7 +129,7 @@ def _fsdp2_config(dtensor_cfg: Mapping[str, Any], runtime_config: RuntimeConfig)
 
 def _moe_config(dtensor_cfg: Mapping[str, Any]) -> Any:
     options = dtensor_cfg.get("moe_parallelizer") or {}
-    for module in (f"{_DIST}.config", "nemo_automodel.components.moe.config"):
+    for module in MOE_CONFIG_MODULES:
         try:
             moe_cls = getattr(importlib.import_module(module), "MoEParallelizerConfig", None)
         except ImportError:
@@ -143,7 +141,7 @@ def _moe_config(dtensor_cfg: Mapping[str, Any]) -> Any:
 
 def _build_meshes(fsdp2_config: Any, sizes: ParallelSizes, world_size: int, decision: Decision) -> tuple[Any, Any]:
     if automodel_patch.build_accepts_timeout():
-        mesh = importlib.import_module(f"{_DIST}.mesh")
+        mesh = importlib.import_module(MESH_MODULE)
         context = mesh.MeshContext.build(
             fsdp2_config,
             mesh.ParallelismSizes(
@@ -154,7 +152,7 @@ def _build_meshes(fsdp2_config: Any, sizes: ParallelSizes, world_size: int, deci
         )
         return context.device_mesh, context.moe_mesh
     # 0.3.0 / 0.4.0: the mesh is built the way that pin supports, without a timeout.
-    mesh_utils = importlib.import_module(f"{_DIST}.mesh_utils")
+    mesh_utils = importlib.import_module(MESH_UTILS_MODULE)
     return mesh_utils.create_device_mesh(
         fsdp2_config,
         dp_replicate_size=sizes.dp_replicate,
@@ -170,10 +168,7 @@ def _axis_size(device_mesh: Any, name: str) -> int:
     if name in device_mesh.mesh_dim_names:
         # size(dim), not mesh[name].size(): slicing builds a sub-mesh (~2 ms each on torch 2.15)
         return device_mesh.size(device_mesh.mesh_dim_names.index(name))
-    flattened = getattr(device_mesh, "_flatten_mapping", None) or {}
-    if name in flattened:  # torch 2.10 and later record flattened axes on the root mesh
-        return flattened[name].size()
-    return device_mesh[name].size()  # torch 2.9: a flattened axis is reached by slicing, as NeMo RL does
+    return axis_mesh(device_mesh, name).size()  # a flattened axis, on any torch (groups.axis_mesh)
 
 
 def check_layout(

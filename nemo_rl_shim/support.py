@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from packaging.version import Version
 
+from automodel_patch._target import MESH_MODULE, MESH_UTILS_MODULE
 from nemo_rl_shim.error_line import first_line
 
 __all__ = [
@@ -40,7 +41,7 @@ TESTED_PAIRS: tuple[tuple[str, str], ...] = (
     ("2.10", "0.7.0"),
     ("2.9", "0.5.0"),
 )
-_MESH_MODULES = ("nemo_automodel.components.distributed.mesh_utils", "nemo_automodel.components.distributed.mesh")
+_MESH_MODULES = (MESH_UTILS_MODULE, MESH_MODULE)
 
 
 class UnsupportedVersions(RuntimeError):

@@ -8,7 +8,7 @@
 #   4. python -m tests.gpu_flight_recorder    (NCCL's own dump on a timeout, read by hang-report: one rank
 #                                              on one GPU, a collective held behind torch.cuda._sleep; two
 #                                              ranks with two GPUs or more, rank 1 never joining)
-#   5. python -m tests.gpu_mesh_timeouts      (two GPUs or more: set_mesh_timeouts after a mesh build without
+#   5. python -m tests.scripts.gpu_mesh_timeouts      (two GPUs or more: set_mesh_timeouts after a mesh build without
 #                                              a timeout, 0.2 min read back on the NCCL and Gloo halves; an
 #                                              NCCL all-reduce whose last rank never joins fails after ~12 s.
 #                                              NOT YET RUN ON A GPU: written where none was available; its
@@ -88,7 +88,7 @@ step "$python" -m nemo_rl_shim preflight --timeout-s "$((limit > 120 ? limit - 6
 step "$python" -m tests.gpu_flight_recorder
 # Two GPUs or more (exit 2 with fewer); each rank bounded at 180 s, the stalled all-reduce at 12 s.
 if [ "$("$python" -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; then
-    step "$python" -m tests.gpu_mesh_timeouts
+    step "$python" -m tests.scripts.gpu_mesh_timeouts
 else
-    echo "== tests.gpu_mesh_timeouts skipped: Need 2 CUDA devices"
+    echo "== tests.scripts.gpu_mesh_timeouts skipped: Need 2 CUDA devices"
 fi

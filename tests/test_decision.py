@@ -28,7 +28,7 @@ SPAWN_TIMEOUT_S = 300
 TIMEOUT = 45
 KEEP, CPU_MESH = "keep-cpu-backend", "cpu-mesh-timeout"
 LEGACY_REASON = "has no MeshContext.build(timeout_minutes=): every sub-group gets the timeout right after the build"
-#: Default-group backends a legacy pin is decided for in its own process (tests.workers_setup.legacy_pin).
+#: Default-group backends a legacy pin is decided for in its own process (tests.ranks.set_up.legacy_pin).
 LEGACY_BACKENDS = ["gloo", "nccl", "cuda:nccl,cpu:gloo", "mpi", "cuda:ucc,cpu:gloo"]
 #: torch's default for Gloo groups, which is all a CPU-only machine builds.
 GLOO_DEFAULT_MINUTES = 30.0

@@ -2,7 +2,7 @@
 say that every sub-group gets the timeout right after the build, and preflight finds it there.
 
 Each command runs in a fresh interpreter whose ``PYTHONPATH`` puts the 0.4.0 release first
-(:func:`tests.releases.release_env`): ``status --json``; ``preflight --dry-run`` on a 16-rank world with
+(:func:`tests.harness.releases.release_env`): ``status --json``; ``preflight --dry-run`` on a 16-rank world with
 CPU offload (torch's fake backend; the run's ``"cuda:nccl,cpu:gloo"`` halves are recorded); and
 ``preflight`` on 4 real Gloo ranks with ``--tp 2``. On today's library the last two exit 1: every
 sub-group at torch's default, 30 min on both halves.
@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.releases import REPO_ROOT
+from tests.harness.releases import REPO_ROOT
 
 __all__: list[str] = []
 

@@ -14,7 +14,7 @@ import pytest
 import torch.distributed as dist
 
 from nemo_rl_shim import mesh_timeouts
-from nemo_rl_shim.cli.launch import spawn_ranks
+from nemo_rl_shim.cli.preflight.spawn import spawn_ranks
 
 SPAWN_TIMEOUT_S = 240
 MINUTES = 0.5
@@ -40,7 +40,7 @@ def ranks(release_environment):
             env = None if version == INSTALLED else release_environment(version)
             params = {"minutes": MINUTES, "layouts": LAYOUTS, "stall": STALL}
             results = spawn_ranks(
-                "tests.workers_mesh_timeouts:after_build", params, world_size=4, timeout_s=SPAWN_TIMEOUT_S, env=env
+                "tests.ranks.mesh_timeouts:after_build", params, world_size=4, timeout_s=SPAWN_TIMEOUT_S, env=env
             )
             cache[version] = [r.result for r in results]
         return cache[version]
@@ -49,7 +49,7 @@ def ranks(release_environment):
 
 
 def _expected_name(entry_name: str, facts: dict[str, Any]) -> str:
-    """The name ``set_mesh_timeouts`` gives a group that ``tests.workers_timeouts.mesh_groups`` calls ``entry_name``."""
+    """The name ``set_mesh_timeouts`` gives a group that ``tests.ranks.timeouts.mesh_groups`` calls ``entry_name``."""
     if facts["is_default"]:
         return "default"
     label, _, axis = entry_name.rpartition(".")
@@ -150,14 +150,14 @@ def test_on_0_4_0_cpu_offload_sub_groups_keep_both_halves_and_both_get_the_timeo
     backend string, so under CPU offload's two-half default group every sub-group keeps both halves.
 
     NCCL cannot start without a GPU, so the CUDA half is a Gloo backend registered for CUDA under another
-    name (``tests.workers_mesh_timeouts.CUDA_STAND_IN``): two distinct backend objects per group, as with
+    name (``tests.ranks.mesh_timeouts.CUDA_STAND_IN``): two distinct backend objects per group, as with
     ``"cuda:nccl,cpu:gloo"``; every timeout is read from those objects.
     """
-    from tests.workers_mesh_timeouts import CUDA_STAND_IN
+    from tests.ranks.mesh_timeouts import CUDA_STAND_IN
 
     params = {"layout": {"name": "tp", "tp": 2}, "minutes": MINUTES}
     results = spawn_ranks(
-        "tests.workers_mesh_timeouts:composite_after_build",
+        "tests.ranks.mesh_timeouts:composite_after_build",
         params,
         world_size=4,
         timeout_s=SPAWN_TIMEOUT_S,

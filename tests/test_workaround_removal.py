@@ -4,7 +4,7 @@ For each registered workaround: a copy of ``automodel_patch`` and ``nemo_rl_shim
 places inside those packages are done as listed (a file "delete the file" is deleted; elsewhere
 the lines carrying its tag go, as ``automodel_patch/__init__.py``'s "delete the tagged lines" says).
 The copy's library then runs on the installed nemo-automodel 0.7.0, where both workarounds are
-still needed, in a fresh interpreter (:mod:`tests.workers_removal`). Nothing may name the removed
+still needed, in a fresh interpreter (:mod:`tests.scripts.removal_facts`). Nothing may name the removed
 workaround, and no run whose default group it concerned may be told something false about it: a
 CPU-offload run without ``keep-cpu-backend`` must not read "CPU offload is off: the default group
 is nccl". The other workaround's decisions stay exactly as in the full project.
@@ -24,7 +24,7 @@ import pytest
 
 import automodel_patch
 from automodel_patch import Workaround
-from tests.releases import REPO_ROOT
+from tests.harness.releases import REPO_ROOT
 
 __all__: list[str] = []
 
@@ -54,7 +54,7 @@ def _remove(workaround: Workaround, copy: Path) -> list[str]:
 def _library_facts(pythonpath: Path) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(pythonpath), str(REPO_ROOT)])}
     done = subprocess.run(
-        [sys.executable, "-m", "tests.workers_removal"],
+        [sys.executable, "-m", "tests.scripts.removal_facts"],
         capture_output=True, text=True, timeout=STEP_TIMEOUT_S, env=env, cwd=pythonpath, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]

@@ -54,8 +54,8 @@ def build_without_timeout(layout: dict[str, Any], backend: str = "gloo") -> tupl
 
 
 def _raw(meshes: Any) -> dict[str, dict[str, Any]]:
-    """Per group (enumerated by ``tests.workers_timeouts.mesh_groups``): backend names and timeouts in seconds."""
-    from tests.workers_timeouts import mesh_groups
+    """Per group (enumerated by ``tests.ranks.timeouts.mesh_groups``): backend names and timeouts in seconds."""
+    from tests.ranks.timeouts import mesh_groups
 
     out = {}
     for name, group in mesh_groups(meshes).items():
@@ -135,7 +135,7 @@ def composite_after_build(params: dict[str, Any]) -> dict[str, Any]:
     meshes = SimpleNamespace(device_mesh=device_mesh, moe_mesh=moe_mesh)
 
     def halves() -> dict[str, Any]:
-        from tests.workers_timeouts import mesh_groups
+        from tests.ranks.timeouts import mesh_groups
 
         out = {}
         for name, group in mesh_groups(meshes).items():

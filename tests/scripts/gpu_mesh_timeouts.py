@@ -1,6 +1,6 @@
 """The NCCL half of ``set_mesh_timeouts`` on a GPU machine: the timeout set after the build is the one NCCL keeps.
 
-Run by ``scripts/gpu_check.sh`` as ``python -m tests.gpu_mesh_timeouts`` (bounded; exit 0 when every
+Run by ``scripts/gpu_check.sh`` as ``python -m tests.scripts.gpu_mesh_timeouts`` (bounded; exit 0 when every
 check holds, 1 when one does not, 2 without two CUDA devices). Not a pytest file: it needs CUDA and NCCL.
 
 Each rank (two, or four with four GPUs or more) joins a ``"cuda:nccl,cpu:gloo"`` default group (CPU
@@ -56,7 +56,7 @@ def rank(params: dict[str, Any]) -> dict[str, Any]:
     import torch.distributed as dist
 
     from nemo_rl_shim.mesh_timeouts import set_mesh_timeouts
-    from tests.workers_mesh_timeouts import build_without_timeout
+    from tests.ranks.mesh_timeouts import build_without_timeout
 
     device = params["device"]
     if device == "cuda":
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     import torch
 
-    from nemo_rl_shim.cli.launch import spawn_ranks
+    from nemo_rl_shim.cli.preflight.spawn import spawn_ranks
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if args.cpu:
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         params, nproc = {"device": "cuda", "backend": "cuda:nccl,cpu:gloo"}, 4 if gpus >= 4 else 2
     start = time.monotonic()
     results = spawn_ranks(
-        "tests.gpu_mesh_timeouts:rank",
+        "tests.scripts.gpu_mesh_timeouts:rank",
         params,
         world_size=nproc,
         timeout_s=RANK_BOUND_S,

@@ -1,6 +1,6 @@
 """Run in a copy of the project from which one workaround was removed by its own removal steps.
 
-``python -m tests.workers_removal`` prints, as JSON, what the copy's library says: the registry,
+``python -m tests.scripts.removal_facts`` prints, as JSON, what the copy's library says: the registry,
 ``decide()`` for each default group a run can have (with and without ``patch_automodel``), and
 ``nemo-rl-shim status`` (its dict and its text). ``PYTHONPATH`` puts the copy first. Nothing here asserts.
 """
