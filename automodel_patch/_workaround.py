@@ -25,7 +25,8 @@ SHIM_USERS = (
     "nemo_rl_shim/distributed_setup.py",
     "nemo_rl_shim/support.py",
     "nemo_rl_shim/cli/status.py",
-    "nemo_rl_shim/cli/_fake_world.py",
+    "nemo_rl_shim/cli/preflight/fake_backend.py",
+    "nemo_rl_shim/cli/preflight/_fork_server.py",
 )
 
 #: The genuine ``mesh_utils`` attributes a probe judges, by name (absent ones missing).
