@@ -1,0 +1,354 @@
+"""Reading a folder of Flight Recorder dumps, one per rank, into what the analysis needs of each.
+
+A dump is the pickle torch writes (``version``, ``pg_config``, ``pg_status``, ``entries``, key for key
+as ``FlightRecorderDetail.hpp`` writes them): NCCL's watchdog on a timeout, a user's
+``_dump_fr_trace_file`` on Gloo, or :mod:`nemo_rl_shim.flight_recorder`, which adds ``rank`` and
+``nemo_rl_shim`` (world size, group map, reason, dump time). The group map also comes from the
+sidecars written at set-up (:data:`~nemo_rl_shim.flight_recorder.SIDECAR_NAME`).
+
+* **Where.** The folder and every subfolder (dumps gathered per node), as torch's own loader walks
+  them. The file names: the shim's (:data:`~nemo_rl_shim.flight_recorder.DUMP_FILE_NAME`), the prefix
+  in ``TORCH_FR_DUMP_TEMP_FILE`` (or its older name), torch's default (``nccl_trace_rank_``), or the
+  one prefix that every ``<prefix><rank>`` file shares.
+* **Formats.** Keys are read by presence, not by the ``version`` field alone: torch 2.9 to 2.15 write
+  ``"2.10"`` or lower; older dumps lack ``pg_status``, ``is_p2p``, ``retired`` and the ``p2p_seq_id``.
+  The versions found are kept per rank; mixed versions are read alike.
+* **Memory.** A dump is reduced to a :class:`RankDump` as it is read, and its entries dropped: per
+  process group the last collective it entered, a signature (op and sizes) per sequence number,
+  and its unfinished point-to-point ops. Many dumps are read by a pool of processes, one file each.
+* **Groups.** Members come from the shim's map and sidecars, torch's ``pg_config`` where it names a
+  group this rank is in (Gloo's keeps one group under ``''`` with the wrong ranks: never trusted),
+  and the entries (a rank that recorded a group's op is its member).
+"""
+
+from __future__ import annotations
+
+import ast
+import concurrent.futures
+import gc
+import json
+import multiprocessing
+import os
+import pickle
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nemo_rl_shim.error_line import first_line
+from nemo_rl_shim.flight_recorder import DUMP_FILE_NAME, ENV_PAIRS, SIDECAR_NAME, TORCH_DEFAULT_PREFIX
+
+__all__ = ["DumpError", "Entry", "RankDump", "dump_prefixes", "find_dumps", "load_dumps", "read_raw", "summarize"]
+
+_DUMP_NAME = re.compile(r"^(?P<prefix>[^.].*?)(?P<rank>\d+)$")
+_SIDECAR = re.compile("^" + re.escape(SIDECAR_NAME).replace(re.escape("{rank}"), r"(?P<rank>\d+)") + "$")
+#: Below this many files one process reads them all; above, a pool of up to :data:`MAX_READERS` does.
+PARALLEL_FROM = 32
+MAX_READERS = 8
+_DONE = "completed"
+_P2P_OPS = ("send", "recv")
+
+
+class DumpError(ValueError):
+    """A folder or file that cannot be read as rank dumps; the message is the one line to print."""
+
+
+@dataclass(slots=True)
+class Entry:
+    """One collective or point-to-point op of one rank, as the analysis needs it."""
+
+    group: str
+    seq: int  # collective_seq_id; for p2p, p2p_seq_id
+    op: str  # "all_reduce", "send", "recv", "coalesced", ...
+    sizes: tuple[Any, ...]
+    state: str  # "scheduled", "started", "completed"
+    created_ns: int
+    completed_ns: int | None
+    timeout_ms: int | None
+    pg_id: str
+    is_p2p: bool = False
+    peer: int | None = None  # p2p: the peer's rank in the group, as torch names it ("send 1->0": 0)
+    batched: bool = False  # p2p: one op of a batch_isend_irecv (its state is its nccl:coalesced entry's)
+
+    @property
+    def done(self) -> bool:
+        """Whether the entry itself says it finished: its state, or a completion time."""
+        return self.state == _DONE or self.completed_ns is not None
+
+
+@dataclass
+class RankDump:
+    """One rank's dump, reduced: groups, the last collective per group, signatures, unfinished p2p ops."""
+
+    rank: int
+    path: Path
+    version: str
+    n_entries: int
+    groups: dict[str, dict[str, Any]]
+    last: dict[str, Entry]  # group -> the collective with the highest sequence number
+    signatures: dict[str, dict[int, tuple[Any, ...]]]  # group -> seq -> (ops, sizes); dropped once merged
+    pending_p2p: list[Entry]
+    p2p_last: dict[tuple[str, str, int | None], Entry]  # (group, "send"/"recv", peer) -> the newest such op
+    latest: Entry | None  # the newest entry: what the rank was in, or did last, when it dumped
+    oldest_ns: int | None  # the oldest entry's creation time: how far back the buffer reaches
+    wrapped: bool  # the oldest entry is not the recorder's first (record_id > 0): older ones were overwritten
+    tracks_completion: bool  # NCCL marks entries completed; Gloo leaves every one 'scheduled'
+    pg_status: dict[str, Any] = field(default_factory=dict)
+    pg_config: dict[str, Any] = field(default_factory=dict)
+    world_size: int | None = None
+    reason: str | None = None
+    dump_time_ns: int | None = None
+    writer: str = "torch"
+    backend: str = ""  # "nccl", "gloo", ... from the op names
+
+
+def _version(raw: Mapping[str, Any]) -> str:
+    return str(raw.get("version", ""))
+
+
+def _op_name(profiling_name: str) -> tuple[str, str, int | None]:
+    """``"nccl:send 1->0"`` -> ``("nccl", "send", 0)``; ``"gloo:all_reduce"`` -> ``("gloo", "all_reduce", None)``."""
+    backend, _, rest = profiling_name.partition(":")
+    if not rest:
+        backend, rest = "", profiling_name
+    op, _, where = rest.partition(" ")
+    peer = None
+    for arrow in ("->", "<-"):
+        if arrow in where:
+            with_peer = where.split(arrow, 1)[1]
+            peer = int(with_peer) if with_peer.isdigit() else None
+    return backend, op, peer
+
+
+def _sizes(value: Any) -> tuple[Any, ...]:
+    if isinstance(value, list | tuple):
+        return tuple(_sizes(v) for v in value)
+    return value
+
+
+def _entry(raw: Mapping[str, Any]) -> tuple[str, Entry]:
+    backend, op, peer = _op_name(str(raw.get("profiling_name", "?")))
+    group = raw.get("process_group") or ("",)
+    p2p_seq = int(raw.get("p2p_seq_id") or 0)
+    coll_seq = int(raw.get("collective_seq_id", raw.get("seq_id", 0)) or 0)
+    # torch before 2.4 has no is_p2p: a send or recv, or a coalesced op without a collective number, is p2p
+    is_p2p = bool(raw["is_p2p"]) if "is_p2p" in raw else (op in ("send", "recv") or (coll_seq == 0 and p2p_seq > 0))
+    entry = Entry(
+        group=str(group[0]),
+        seq=p2p_seq if is_p2p else coll_seq,
+        op=op,
+        sizes=_sizes(raw.get("input_sizes", ())),
+        state=str(raw.get("state", "scheduled")),
+        created_ns=int(raw.get("time_created_ns") or 0),
+        completed_ns=raw.get("time_discovered_completed_ns"),
+        timeout_ms=raw.get("timeout_ms"),
+        pg_id=str(raw.get("pg_id", "")),
+        is_p2p=is_p2p,
+        peer=peer,
+    )
+    return backend, entry
+
+
+def _resolve_batches(p2p: list[Entry]) -> list[Entry]:
+    """Per-op entries of a batch stay 'scheduled'; the batch's ``coalesced`` entry (same group and p2p
+    number) carries its state. Returns the unfinished ops, each with the state of its batch."""
+    closers = {(e.group, e.seq): e for e in p2p if e.op.endswith("coalesced")}
+    pending = []
+    for e in p2p:
+        if e.op.endswith("coalesced"):
+            continue
+        closer = closers.get((e.group, e.seq))
+        if closer is not None:
+            e.batched, e.state, e.completed_ns = True, closer.state, closer.completed_ns
+        if not e.done:
+            pending.append(e)
+    return pending
+
+
+def _groups_from_pg_config(pg_config: Mapping[str, Any], rank: int) -> dict[str, dict[str, Any]]:
+    """torch's ``pg_config``, where a group is named and this rank is among its ranks (Gloo's ``''`` never is)."""
+    groups = {}
+    for name, facts in pg_config.items():
+        if not name or not isinstance(facts, Mapping):
+            continue
+        ranks = facts.get("ranks", "[]")
+        try:
+            ranks = list(ast.literal_eval(ranks) if isinstance(ranks, str) else ranks)
+        except (ValueError, SyntaxError):
+            continue
+        if rank in ranks:
+            groups[str(name)] = {"axes": [], "ranks": ranks, "desc": str(facts.get("desc", ""))}
+    return groups
+
+
+def read_raw(path: Path) -> dict[str, Any]:
+    """The pickle as torch wrote it; :class:`DumpError` naming the file when it is not a dump."""
+    was_enabled = gc.isenabled()
+    gc.disable()  # as torch's loader does: unpickling many small dicts otherwise runs the collector again and again
+    try:
+        with open(path, "rb") as handle:
+            data = pickle.load(handle)
+    except Exception as e:  # truncated, not a pickle, a pickle of something else: one line, exit 2
+        raise DumpError(f"{path} is not a readable flight-recorder dump: {first_line(e)}") from e
+    finally:
+        if was_enabled:
+            gc.enable()
+    if not isinstance(data, dict) or not isinstance(data.get("entries", []), list):
+        raise DumpError(f"{path} is not a flight-recorder dump: no 'entries' list (got {type(data).__name__})")
+    return data
+
+
+def summarize(path: Path, name_rank: int, sidecar: Mapping[str, Any] | None = None) -> RankDump:
+    """Read one dump and reduce it (see the module docstring); its entries are not kept."""
+    raw = read_raw(path)
+    shim = raw.get("nemo_rl_shim") or {}
+    rank = int(raw.get("rank", name_rank))
+    side = sidecar or {}
+    entries = raw.get("entries") or []
+    signatures: dict[str, dict[int, tuple[Any, ...]]] = {}
+    last: dict[str, Entry] = {}
+    p2p: list[Entry] = []
+    backends: set[str] = set()
+    tracks = False
+    latest = None
+    descs: dict[str, str] = {}
+    for item in entries:
+        backend, entry = _entry(item)
+        pg = item.get("process_group") or ()
+        if len(pg) > 1 and pg[1]:
+            descs[entry.group] = str(pg[1])
+        backends.add(backend)
+        tracks = tracks or entry.state != "scheduled" or entry.completed_ns is not None
+        if latest is None or entry.created_ns >= latest.created_ns:
+            latest = entry
+        if entry.is_p2p:
+            p2p.append(entry)
+        elif entry.seq > 0:
+            seqs = signatures.setdefault(entry.group, {})
+            sig = (entry.op, entry.sizes)
+            if entry.seq not in seqs:
+                seqs[entry.seq] = (sig,)
+            elif not entry.op.endswith("coalesced"):  # one op of a coalesced collective: they share its number
+                seqs[entry.seq] = (*seqs[entry.seq], sig)
+            previous = last.get(entry.group)
+            if previous is None or entry.seq >= previous.seq:
+                last[entry.group] = entry
+    groups = shim.get("groups") or side.get("groups") or {}
+    groups = {str(k): dict(v) for k, v in groups.items()}
+    for name, facts in _groups_from_pg_config(raw.get("pg_config") or {}, rank).items():
+        groups.setdefault(name, facts)
+    for name in {*signatures, *(e.group for e in p2p)}:
+        facts = groups.setdefault(name, {"axes": [], "ranks": [], "desc": ""})
+        if rank not in facts["ranks"]:
+            facts["ranks"] = sorted([*facts["ranks"], rank])
+    for name, desc in descs.items():
+        if name in groups and not groups[name].get("desc"):
+            groups[name]["desc"] = desc
+    first = entries[0] if entries else {}
+    return RankDump(
+        rank=rank,
+        path=path,
+        version=_version(raw),
+        n_entries=len(entries),
+        groups=groups,
+        last=last,
+        signatures=signatures,
+        pending_p2p=_resolve_batches(p2p),
+        p2p_last={(e.group, e.op, e.peer): e for e in sorted(p2p, key=lambda e: e.created_ns) if e.op in _P2P_OPS},
+        latest=latest,
+        oldest_ns=min((int(e.get("time_created_ns") or 0) for e in entries), default=None),
+        wrapped=int(first.get("record_id", 0) or 0) > 0,
+        tracks_completion=tracks,
+        pg_status=dict(raw.get("pg_status") or {}),
+        pg_config=dict(raw.get("pg_config") or {}),
+        world_size=shim.get("world_size") or side.get("world_size"),
+        reason=shim.get("reason"),
+        dump_time_ns=shim.get("dump_time_ns"),
+        writer="nemo_rl_shim" if shim else "torch",
+        backend=",".join(sorted(b for b in backends if b)),
+    )
+
+
+def dump_prefixes(environ: Mapping[str, str] | None = None) -> list[str]:
+    """Dump-file prefixes, the first found wins: the shim's, ``TORCH_FR_DUMP_TEMP_FILE``'s, torch's default."""
+    env = os.environ if environ is None else environ
+    named = [Path(env[name]).name for name in ENV_PAIRS["dump_file"] if env.get(name)]
+    return list(dict.fromkeys([DUMP_FILE_NAME, *named, Path(TORCH_DEFAULT_PREFIX).name]))
+
+
+def _walk(directory: Path) -> list[Path]:
+    files = []
+    for root, dirs, names in os.walk(directory):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        files += [Path(root) / n for n in sorted(names) if not n.startswith(".")]
+    return files
+
+
+def _choose_prefix(names: Iterable[str], directory: Path, environ: Mapping[str, str] | None) -> str:
+    found = {m["prefix"] for name in names if (m := _DUMP_NAME.match(name)) and not _SIDECAR.match(name)}
+    for prefix in dump_prefixes(environ):
+        if prefix in found:
+            return prefix
+    if not found:
+        raise DumpError(f"{directory} holds no flight-recorder dumps (files named <prefix><rank>)")
+    if len(found) > 1:
+        raise DumpError(
+            f"{directory} holds dumps under several prefixes ({', '.join(sorted(found))}); keep one run per folder"
+        )
+    return next(iter(found))
+
+
+def find_dumps(
+    directory: str | Path, environ: Mapping[str, str] | None = None
+) -> tuple[dict[int, Path], dict[int, dict[str, Any]]]:
+    """``({rank by file name: dump path}, {rank: sidecar})`` in ``directory`` and its subfolders."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise DumpError(f"{directory} is not a directory")
+    files = _walk(directory)
+    sidecars: dict[int, dict[str, Any]] = {}
+    for path in files:
+        if m := _SIDECAR.match(path.name):
+            try:
+                sidecars[int(m["rank"])] = json.loads(path.read_text())
+            except (OSError, ValueError) as e:
+                raise DumpError(f"{path} is not a readable group map: {first_line(e)}") from e
+    prefix = _choose_prefix((p.name for p in files), directory, environ)
+    dumps: dict[int, Path] = {}
+    for path in files:
+        m = _DUMP_NAME.match(path.name)
+        if not m or m["prefix"] != prefix:
+            continue
+        rank = int(m["rank"])
+        if rank in dumps:
+            raise DumpError(f"rank {rank} has two dumps, {dumps[rank]} and {path}: keep one run per folder")
+        dumps[rank] = path
+    return dumps, sidecars
+
+
+def _readers(count: int) -> int:
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(cpus, MAX_READERS, count // PARALLEL_FROM))
+
+
+def _summarize_job(job: tuple[Path, int, dict[str, Any] | None]) -> RankDump:
+    return summarize(*job)
+
+
+def load_dumps(directory: str | Path, environ: Mapping[str, str] | None = None) -> Iterable[RankDump]:
+    """Every rank's dump in ``directory`` (and subfolders), reduced, as each is read; :class:`DumpError` when
+    the folder or a file cannot be read. Many files are read by a pool of processes, in rank order."""
+    paths, sidecars = find_dumps(directory, environ)
+    jobs = [(path, rank, sidecars.get(rank)) for rank, path in sorted(paths.items())]
+    readers = _readers(len(jobs))
+    if readers == 1:
+        yield from map(_summarize_job, jobs)
+        return
+    # fork: the readers need nothing but this module, already imported (a fresh interpreter would import torch)
+    context = multiprocessing.get_context("fork")
+    with concurrent.futures.ProcessPoolExecutor(readers, mp_context=context) as pool:
+        yield from pool.map(_summarize_job, jobs, chunksize=max(1, len(jobs) // (readers * 8)))
