@@ -42,6 +42,12 @@ _FRAMES = [
 ]
 
 
+def _fresh(value: Any) -> Any:
+    """A new object equal to ``value``, as torch's pickler sees each entry's own strings: written out again, not
+    referred to (it memoizes by object, so the shared keys and frames are written once)."""
+    return value.encode().decode() if isinstance(value, str) else value
+
+
 @dataclass
 class Clock:
     """One timeline for every rank of a scenario: each op is posted 1 ms after the last; :meth:`settle` marks
@@ -99,28 +105,28 @@ class Rank:
         created = self.clock.take()
         started = created + 1000 if state in ("started", "completed") and self.timing else None
         entry: dict[str, Any] = {}
-        if self.frames:
-            entry["frames"] = [dict(frame) for frame in _FRAMES]
+        if self.frames:  # torch symbolizes each distinct frame once and every entry refers to that one dict
+            entry["frames"] = list(_FRAMES)
         entry.update(
             record_id=self._record_id,
             pg_id=self._pg_id(group),
-            process_group=(group.name, group.desc),
-            thread_name="pt_main_thread",
-            thread_id="139872345",
+            process_group=(_fresh(group.name), _fresh(group.desc)),
+            thread_name=_fresh("pt_main_thread"),
+            thread_id=_fresh("139872345"),
             collective_seq_id=0,
             p2p_seq_id=0,
             op_id=self._op_id[group.name],
-            profiling_name=f"nccl:{name}",
+            profiling_name=_fresh(f"nccl:{name}"),
             time_created_ns=created,
         )
         if self.timing and state == "completed":
             entry["duration_ms"] = 0.036
         entry.update(
             input_sizes=sizes,
-            input_dtypes=["Float"] * len(sizes),
+            input_dtypes=[_fresh("Float") for _ in sizes],
             output_sizes=sizes,
-            output_dtypes=["Float"] * len(sizes),
-            state=state,
+            output_dtypes=[_fresh("Float") for _ in sizes],
+            state=_fresh(state),
             time_discovered_started_ns=started,
             time_discovered_completed_ns=None,
             retired=state == "completed",
@@ -158,7 +164,7 @@ class Rank:
         return self._p2p[group.name]
 
     def batch(self, group: Group, ops: list[tuple[str, int]], state: str = "completed") -> int:
-        """A ``batch_isend_irecv`` of ``[("send"|"recv", global peer), ...]``: an entry per op, then ``nccl:coalesced``."""
+        """A ``batch_isend_irecv`` of ``[("send"|"recv", global peer), ...]``: an entry per op, then the closer."""
         self._p2p[group.name] = self._p2p.get(group.name, 0) + 1
         me = group.group_rank(self.rank)
         for kind, peer in ops:

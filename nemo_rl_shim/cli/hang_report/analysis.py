@@ -22,6 +22,7 @@ torch.distributed. Per process group (keyed by the name torch gives it in every 
 
 from __future__ import annotations
 
+import array
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,8 +59,8 @@ class GroupState:
     entries: dict[int, Entry] = field(default_factory=dict)  # rank -> that collective's entry
     missing: list[int] = field(default_factory=list)  # members without a dump
     out_of_reach: list[int] = field(default_factory=list)  # silent ranks whose buffer does not reach back
-    signatures: dict[int, list[Any]] = field(default_factory=dict)  # seq -> [signature, count]
-    deviants: dict[int, dict[int, Any]] = field(default_factory=dict)  # seq -> {rank: other signature}
+    # (numbers, signature ids) as bytes -> [numbers, ids, ranks]: ranks with the same history share one
+    variants: dict[bytes, list[Any]] = field(default_factory=dict)
 
     @property
     def label(self) -> str:
@@ -144,7 +145,31 @@ def pg_status_counts_done(dump: RankDump, entry: Entry) -> bool | None:
 # --- merging the dumps, one at a time ------------------------------------------------------------------------------
 
 
-def _merge(found: dict[str, GroupState], dump: RankDump) -> None:
+class _Signatures:
+    """Every distinct (profiling name, sizes) across the dumps, numbered once."""
+
+    def __init__(self) -> None:
+        self.ids: dict[tuple[str, str], int] = {}
+        self.table: list[tuple[str, str]] = []
+        self._seen: dict[tuple[tuple[str, str], ...], list[int]] = {}
+
+    def global_ids(self, local: list[tuple[str, str]]) -> list[int]:
+        key = tuple(local)
+        found = self._seen.get(key)
+        if found is None:
+            found = self._seen[key] = [self._id(sig) for sig in local]
+        return found
+
+    def _id(self, sig: tuple[str, str]) -> int:
+        if sig not in self.ids:
+            self.ids[sig] = len(self.table)
+            self.table.append(sig)
+        return self.ids[sig]
+
+
+def _merge(found: dict[str, GroupState], dump: RankDump, sigs: _Signatures) -> None:
+    mapping = sigs.global_ids(dump.sig_table)
+    identity = mapping == list(range(len(mapping)))
     for name, facts in dump.groups.items():
         ranks = [int(r) for r in facts.get("ranks") or []]
         state = found.get(name)
@@ -161,14 +186,15 @@ def _merge(found: dict[str, GroupState], dump: RankDump) -> None:
         state.last[dump.rank] = entry.seq if entry else 0
         if entry is not None:
             state.entries[dump.rank] = entry
-        for seq, sig in dump.signatures.get(name, {}).items():
-            ref = state.signatures.get(seq)
-            if ref is None:
-                state.signatures[seq] = [sig, 1]
-            elif ref[0] == sig:
-                ref[1] += 1
-            else:
-                state.deviants.setdefault(seq, {})[dump.rank] = sig
+        if name in dump.signatures:
+            seqs, ids = dump.signatures[name]
+            if not identity:
+                ids = array.array("q", [mapping[i] for i in ids])
+            key = seqs.tobytes() + b"|" + ids.tobytes()
+            variant = state.variants.get(key)
+            if variant is None:
+                variant = state.variants[key] = [seqs, ids, []]
+            variant[2].append(dump.rank)
     dump.signatures = {}  # merged: the per-rank copy is no longer needed
 
 
@@ -186,49 +212,57 @@ def _finish_groups(found: dict[str, GroupState], dumps: dict[int, RankDump]) -> 
 # --- findings ------------------------------------------------------------------------------------------------------
 
 
-def _show(sig: Any) -> tuple[str, str]:
-    """A signature as ``(op, sizes)`` text: ``((("broadcast", ((4,),)),)`` -> ``("broadcast", "[[4]]")``."""
-
-    def listed(value: Any) -> Any:
-        return [listed(v) for v in value] if isinstance(value, tuple) else value
-
-    ops = "+".join(op for op, _ in sig)
-    sizes = "; ".join(str(listed(s)) for _, s in sig)
+def _show(sig: tuple[str, str]) -> tuple[str, str]:
+    """A signature as ``(op, sizes)`` text: ``("nccl:broadcast", "[[4]]")`` -> ``("broadcast", "[[4]]")``."""
+    name, sizes = sig
+    ops = "+".join(part.partition(":")[2].partition(" ")[0] or part for part in name.split("+"))
     return ops, sizes
 
 
-def _mismatch(state: GroupState, dumps: dict[int, RankDump]) -> Finding | None:
-    for seq in sorted(state.deviants):
-        ref = state.signatures[seq][0]
-        deviants = state.deviants[seq]
-        holders = [r for r in state.ranks if r in dumps and state.last.get(r, 0) >= seq and r not in deviants]
-        by_sig: dict[Any, list[int]] = {ref: holders}
-        for rank, sig in deviants.items():
-            by_sig.setdefault(sig, []).append(rank)
+def _deviations(state: GroupState) -> dict[int, dict[int, list[int]]]:
+    """``{seq: {signature id: ranks}}`` at the numbers where the ranks' histories disagree."""
+    variants = list(state.variants.values())
+    if len(variants) < 2:
+        return {}
+    reference: dict[int, int] = {}
+    for seqs, ids, _ in variants:
+        for seq, sig in zip(seqs, ids, strict=True):
+            reference.setdefault(seq, sig)
+    differing = {seq for seqs, ids, _ in variants for seq, sig in zip(seqs, ids, strict=True) if reference[seq] != sig}
+    out: dict[int, dict[int, list[int]]] = {}
+    for seqs, ids, ranks in variants:
+        for seq, sig in zip(seqs, ids, strict=True):
+            if seq in differing:
+                out.setdefault(seq, {}).setdefault(sig, []).extend(ranks)
+    return out
+
+
+def _mismatch(state: GroupState, table: list[tuple[str, str]]) -> Finding | None:
+    deviations = _deviations(state)
+    for seq in sorted(deviations):
+        by_sig = {table[sig]: sorted(ranks) for sig, ranks in deviations[seq].items()}
         ops = {_show(sig)[0] for sig in by_sig}
         if len(ops) == 1 and not any(k in next(iter(ops)) for k in _SAME_SIZES):
             continue  # sizes may differ for this op
-        what = "op" if len(ops) > 1 else "input sizes"
-        pick = 0 if what == "op" else 1
-        counts = sorted((len(r), _show(sig)[pick], sig) for sig, r in by_sig.items())
+        what, pick = ("op", 0) if len(ops) > 1 else ("input sizes", 1)
         entry = next((state.entries[r] for r in state.ranks if r in state.entries), None)
         created = entry.created_ns if entry else 0
-        op = _show(ref)[0]
-        if len(counts) > 1 and counts[-1][0] > counts[-2][0]:  # a majority: name the odd ones out
-            major = counts[-1][2]
+        counts = sorted((len(ranks), sig) for sig, ranks in by_sig.items())
+        if counts[-1][0] > counts[-2][0]:  # a majority: name the odd ones out
+            major = counts[-1][1]
             odd = sorted(r for sig, ranks in by_sig.items() if sig != major for r in ranks)
-            shown = "; ".join(
-                f"{_show(sig)[pick]} (rank{'s' * (len(rs) > 1)} {format_ranks(rs)})"
-                for sig, rs in by_sig.items()
-                if sig != major
-            )
+            shown = "; ".join(f"{_show(sig)[pick]} ({_ranks(rs)})" for sig, rs in by_sig.items() if sig != major)
             detail = f"{what} {shown} where ranks {format_ranks(by_sig[major])} have {_show(major)[pick]}"
             return Finding("mismatch", state, odd, seq, _show(major)[0], [], None, created, detail)
         of_rank = {r: sig for sig, rs in by_sig.items() for r in rs}
-        ranks = sorted(of_rank)
-        shown = "; ".join(f"rank {r}: {_show(of_rank[r])[pick]}" for r in ranks)
-        return Finding("mismatch", state, ranks, seq, op, [], None, created, f"{what} {shown}")
+        shown = "; ".join(f"rank {r}: {_show(of_rank[r])[pick]}" for r in sorted(of_rank))
+        first_op = _show(of_rank[min(of_rank)])[0]
+        return Finding("mismatch", state, sorted(of_rank), seq, first_op, [], None, created, f"{what} {shown}")
     return None
+
+
+def _ranks(ranks: list[int]) -> str:
+    return f"rank{'s' * (len(ranks) > 1)} {format_ranks(ranks)}"
 
 
 def _waited(dumps: dict[int, RankDump], waiting: list[int], state: GroupState) -> float | None:
@@ -284,7 +318,7 @@ def _stall(dumps: dict[int, RankDump], state: GroupState) -> Finding | None:
 
 
 def _p2p_peer_did_its_side(op: Entry, mine: int, peer: RankDump, state: GroupState) -> bool | None:
-    """Whether ``peer`` posted the match of ``op``, ``mine``'s unfinished send or recv (None: its buffer cannot tell)."""
+    """Whether ``peer`` posted the match of ``mine``'s unfinished send or recv ``op`` (None: its buffer cannot tell)."""
     theirs = peer.p2p_last.get((state.name, _OPPOSITE[op.op], state.group_rank(mine)))
     if theirs is None:
         return None if peer.wrapped and peer.oldest_ns is not None and peer.oldest_ns > op.created_ns else False
@@ -340,14 +374,15 @@ def analyse(dumps_in: Iterable[RankDump], world_size: int | None = None) -> Anal
     """Merge the dumps as they come (each is reduced once merged) and find who did not join."""
     found: dict[str, GroupState] = {}
     dumps: dict[int, RankDump] = {}
+    sigs = _Signatures()
     for dump in dumps_in:
         dumps[dump.rank] = dump
-        _merge(found, dump)
+        _merge(found, dump, sigs)
     sizes = [d.world_size for d in dumps.values() if d.world_size]
     members = {r for g in found.values() for r in g.ranks}
     world = max([world_size or 0, *sizes, max(members, default=-1) + 1, max(dumps, default=-1) + 1])
     groups = _finish_groups(found, dumps)
-    findings = [f for s in groups for f in (_mismatch(s, dumps), _stall(dumps, s)) if f is not None]
+    findings = [f for s in groups for f in (_mismatch(s, sigs.table), _stall(dumps, s)) if f is not None]
     findings += _p2p(dumps, {g.name: g for g in groups})
     missing = [r for r in range(world) if r not in dumps]
     if any(r not in {m for g in groups for m in g.missing} for r in missing):

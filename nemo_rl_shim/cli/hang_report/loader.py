@@ -23,15 +23,17 @@ sidecars written at set-up (:data:`~nemo_rl_shim.flight_recorder.SIDECAR_NAME`).
 
 from __future__ import annotations
 
+import array
 import ast
-import concurrent.futures
 import gc
 import json
 import multiprocessing
+import multiprocessing.connection
 import os
 import pickle
 import re
-from collections.abc import Iterable, Mapping
+from collections import deque
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +48,8 @@ _SIDECAR = re.compile("^" + re.escape(SIDECAR_NAME).replace(re.escape("{rank}"),
 #: Below this many files one process reads them all; above, a pool of up to :data:`MAX_READERS` does.
 PARALLEL_FROM = 32
 MAX_READERS = 8
+#: Files per reader process.
+CHUNK = 32
 _DONE = "completed"
 _P2P_OPS = ("send", "recv")
 
@@ -61,7 +65,7 @@ class Entry:
     group: str
     seq: int  # collective_seq_id; for p2p, p2p_seq_id
     op: str  # "all_reduce", "send", "recv", "coalesced", ...
-    sizes: tuple[Any, ...]
+    sizes: str  # input sizes as text (sizes_text)
     state: str  # "scheduled", "started", "completed"
     created_ns: int
     completed_ns: int | None
@@ -87,7 +91,8 @@ class RankDump:
     n_entries: int
     groups: dict[str, dict[str, Any]]
     last: dict[str, Entry]  # group -> the collective with the highest sequence number
-    signatures: dict[str, dict[int, tuple[Any, ...]]]  # group -> seq -> (ops, sizes); dropped once merged
+    signatures: dict[str, tuple[array.array, array.array]]  # group -> (numbers, signature ids); dropped once merged
+    sig_table: list[tuple[str, str]]  # signature id -> (profiling name, sizes text)
     pending_p2p: list[Entry]
     p2p_last: dict[tuple[str, str, int | None], Entry]  # (group, "send"/"recv", peer) -> the newest such op
     latest: Entry | None  # the newest entry: what the rank was in, or did last, when it dumped
@@ -121,10 +126,12 @@ def _op_name(profiling_name: str) -> tuple[str, str, int | None]:
     return backend, op, peer
 
 
-def _sizes(value: Any) -> tuple[Any, ...]:
-    if isinstance(value, list | tuple):
-        return tuple(_sizes(v) for v in value)
-    return value
+_BRACKETS = str.maketrans("()", "[]")
+
+
+def sizes_text(sizes: Any) -> str:
+    """Input sizes as one comparable text, lists or tuples alike: ``((3, 4),)`` and ``[[3, 4]]`` -> ``[[3, 4]]``."""
+    return str(sizes).translate(_BRACKETS).replace(",]", "]")
 
 
 def _entry(raw: Mapping[str, Any]) -> tuple[str, Entry]:
@@ -138,7 +145,7 @@ def _entry(raw: Mapping[str, Any]) -> tuple[str, Entry]:
         group=str(group[0]),
         seq=p2p_seq if is_p2p else coll_seq,
         op=op,
-        sizes=_sizes(raw.get("input_sizes", ())),
+        sizes=sizes_text(raw.get("input_sizes", ())),
         state=str(raw.get("state", "scheduled")),
         created_ns=int(raw.get("time_created_ns") or 0),
         completed_ns=raw.get("time_discovered_completed_ns"),
@@ -199,74 +206,126 @@ def read_raw(path: Path) -> dict[str, Any]:
     return data
 
 
-def summarize(path: Path, name_rank: int, sidecar: Mapping[str, Any] | None = None) -> RankDump:
-    """Read one dump and reduce it (see the module docstring); its entries are not kept."""
+@dataclass
+class _Scan:
+    """What one pass over a dump's entries keeps: per group the numbers and signatures, the last collective,
+    every p2p entry, and the descriptions."""
+
+    seqs: dict[str, array.array] = field(default_factory=dict)
+    sig_ids: dict[str, array.array] = field(default_factory=dict)
+    table: dict[tuple[str, str], int] = field(default_factory=dict)
+    last: dict[str, dict[str, Any]] = field(default_factory=dict)
+    p2p: list[dict[str, Any]] = field(default_factory=list)
+    descs: dict[str, str] = field(default_factory=dict)
+    tracks: bool = False
+
+
+def _is_p2p(raw: Mapping[str, Any]) -> bool:
+    """torch before 2.4 writes no ``is_p2p``: a send or recv, or an op without a collective number, is p2p."""
+    _, op, _ = _op_name(str(raw.get("profiling_name", "")))
+    return op in _P2P_OPS or (not raw.get("collective_seq_id", raw.get("seq_id")) and bool(raw.get("p2p_seq_id")))
+
+
+def _scan(entries: list[dict[str, Any]]) -> _Scan:
+    """One lean pass: at 2,000 entries a rank and thousands of ranks, every step per entry counts (a signature's
+    text is made only when an entry's name or sizes differ from the group's previous entry)."""
+    scan = _Scan()
+    seq_key = "collective_seq_id" if not entries or "collective_seq_id" in entries[0] else "seq_id"
+    previous: dict[str, tuple[Any, Any, int]] = {}  # group -> (name, sizes, signature id) of its last entry
+    table = scan.table
+    for raw in entries:
+        pg = raw["process_group"]
+        group = pg[0]
+        if not scan.tracks and raw.get("state") != "scheduled":
+            scan.tracks = True
+        p2p = raw.get("is_p2p")
+        if p2p is None:
+            p2p = _is_p2p(raw)
+        if p2p:
+            scan.p2p.append(raw)
+            continue
+        seq = raw.get(seq_key) or 0
+        if seq <= 0:
+            continue
+        name, sizes = raw["profiling_name"], raw.get("input_sizes")
+        seqs = scan.seqs.get(group)
+        if seqs is None:
+            seqs = scan.seqs[group] = array.array("q")
+            scan.sig_ids[group] = array.array("q")
+            scan.descs[group] = pg[1] if len(pg) > 1 else ""
+        ids = scan.sig_ids[group]
+        before = previous.get(group)
+        if before is not None and before[0] == name and before[1] == sizes:
+            sig = before[2]
+        else:
+            sig = table.setdefault((name, sizes_text(sizes)), len(table))
+            previous[group] = (name, sizes, sig)
+        if seqs and seqs[-1] == seq:  # one op of a coalesced collective: they share its number
+            if name.endswith("coalesced"):
+                scan.last[group] = raw  # the closer carries the state
+                continue
+            first = next(k for k, i in table.items() if i == ids[-1])
+            ids[-1] = table.setdefault((f"{first[0]}+{name}", f"{first[1]}; {sizes_text(sizes)}"), len(table))
+            continue
+        seqs.append(seq)
+        ids.append(sig)
+        scan.last[group] = raw
+    for raw in scan.p2p:
+        pg = raw["process_group"]
+        scan.descs.setdefault(pg[0], pg[1] if len(pg) > 1 else "")
+    return scan
+
+
+def summarize(
+    path: Path, name_rank: int, sidecar: Mapping[str, Any] | None = None, keep: list | None = None
+) -> RankDump:
+    """Read one dump and reduce it (see the module docstring); its entries are not kept (``keep``: a list to
+    hold the raw dump instead of freeing it, for a reader process that ends without freeing)."""
     raw = read_raw(path)
+    if keep is not None:
+        keep.append(raw)
     shim = raw.get("nemo_rl_shim") or {}
     rank = int(raw.get("rank", name_rank))
     side = sidecar or {}
     entries = raw.get("entries") or []
-    signatures: dict[str, dict[int, tuple[Any, ...]]] = {}
-    last: dict[str, Entry] = {}
-    p2p: list[Entry] = []
-    backends: set[str] = set()
-    tracks = False
-    latest = None
-    descs: dict[str, str] = {}
-    for item in entries:
-        backend, entry = _entry(item)
-        pg = item.get("process_group") or ()
-        if len(pg) > 1 and pg[1]:
-            descs[entry.group] = str(pg[1])
-        backends.add(backend)
-        tracks = tracks or entry.state != "scheduled" or entry.completed_ns is not None
-        if latest is None or entry.created_ns >= latest.created_ns:
-            latest = entry
-        if entry.is_p2p:
-            p2p.append(entry)
-        elif entry.seq > 0:
-            seqs = signatures.setdefault(entry.group, {})
-            sig = (entry.op, entry.sizes)
-            if entry.seq not in seqs:
-                seqs[entry.seq] = (sig,)
-            elif not entry.op.endswith("coalesced"):  # one op of a coalesced collective: they share its number
-                seqs[entry.seq] = (*seqs[entry.seq], sig)
-            previous = last.get(entry.group)
-            if previous is None or entry.seq >= previous.seq:
-                last[entry.group] = entry
+    scan = _scan(entries)
+    p2p = [_entry(item)[1] for item in scan.p2p]
     groups = shim.get("groups") or side.get("groups") or {}
     groups = {str(k): dict(v) for k, v in groups.items()}
     for name, facts in _groups_from_pg_config(raw.get("pg_config") or {}, rank).items():
         groups.setdefault(name, facts)
-    for name in {*signatures, *(e.group for e in p2p)}:
+    for name in {*scan.seqs, *(e.group for e in p2p)}:
         facts = groups.setdefault(name, {"axes": [], "ranks": [], "desc": ""})
         if rank not in facts["ranks"]:
             facts["ranks"] = sorted([*facts["ranks"], rank])
-    for name, desc in descs.items():
+    for name, desc in scan.descs.items():
         if name in groups and not groups[name].get("desc"):
-            groups[name]["desc"] = desc
-    first = entries[0] if entries else {}
+            groups[name]["desc"] = str(desc)
+    first, newest = (entries[0], entries[-1]) if entries else ({}, None)
     return RankDump(
         rank=rank,
         path=path,
         version=_version(raw),
         n_entries=len(entries),
         groups=groups,
-        last=last,
-        signatures=signatures,
+        last={group: _entry(item)[1] for group, item in scan.last.items()},
+        signatures={group: (scan.seqs[group], scan.sig_ids[group]) for group in scan.seqs},
+        sig_table=sorted(scan.table, key=scan.table.__getitem__),
         pending_p2p=_resolve_batches(p2p),
         p2p_last={(e.group, e.op, e.peer): e for e in sorted(p2p, key=lambda e: e.created_ns) if e.op in _P2P_OPS},
-        latest=latest,
-        oldest_ns=min((int(e.get("time_created_ns") or 0) for e in entries), default=None),
+        latest=_entry(newest)[1] if newest is not None else None,
+        oldest_ns=int(first.get("time_created_ns") or 0) if entries else None,
         wrapped=int(first.get("record_id", 0) or 0) > 0,
-        tracks_completion=tracks,
+        tracks_completion=scan.tracks,
         pg_status=dict(raw.get("pg_status") or {}),
         pg_config=dict(raw.get("pg_config") or {}),
         world_size=shim.get("world_size") or side.get("world_size"),
         reason=shim.get("reason"),
         dump_time_ns=shim.get("dump_time_ns"),
         writer="nemo_rl_shim" if shim else "torch",
-        backend=",".join(sorted(b for b in backends if b)),
+        backend=",".join(
+            sorted({_op_name(str(e.get("profiling_name", "")))[0] for e in [*scan.last.values(), *scan.p2p]} - {""})
+        ),
     )
 
 
@@ -335,20 +394,60 @@ def _readers(count: int) -> int:
     return max(1, min(cpus, MAX_READERS, count // PARALLEL_FROM))
 
 
-def _summarize_job(job: tuple[Path, int, dict[str, Any] | None]) -> RankDump:
-    return summarize(*job)
+def _read_chunk(jobs: list[tuple[Path, int, dict[str, Any] | None]], conn: Any) -> None:
+    """A reader process: summarize ``jobs``, send them, and end without freeing what it read (freeing a dump's
+    hundred thousand small objects costs a third of reading it)."""
+    gc.disable()
+    kept: list[Any] = []
+    try:
+        conn.send(("ok", [summarize(*job, keep=kept) for job in jobs]))
+    except DumpError as e:
+        conn.send(("error", str(e)))
+    except BaseException as e:  # any other failure still reaches the parent as one line
+        conn.send(("error", f"reading {jobs[0][0].parent}: {first_line(e)}"))
+    finally:
+        conn.close()
+        os._exit(0)
 
 
-def load_dumps(directory: str | Path, environ: Mapping[str, str] | None = None) -> Iterable[RankDump]:
+def _read_in_processes(jobs: list[tuple[Path, int, dict[str, Any] | None]], readers: int) -> Iterator[RankDump]:
+    """Chunks of :data:`CHUNK` files, each read by a forked process, ``readers`` at a time, yielded as they end."""
+    # fork: the readers need nothing but this module, already imported (a fresh interpreter would import torch)
+    context = multiprocessing.get_context("fork")
+    chunks = deque(jobs[i : i + CHUNK] for i in range(0, len(jobs), CHUNK))
+    running: dict[Any, Any] = {}
+    try:
+        while chunks or running:
+            while chunks and len(running) < readers:
+                receive, send = context.Pipe(duplex=False)
+                process = context.Process(target=_read_chunk, args=(chunks.popleft(), send), daemon=True)
+                process.start()
+                send.close()
+                running[receive] = process
+            for conn in multiprocessing.connection.wait(list(running)):
+                process = running.pop(conn)
+                try:
+                    status, payload = conn.recv()
+                except EOFError:
+                    raise DumpError(f"a reader process ended with {process.exitcode} before sending") from None
+                finally:
+                    conn.close()
+                    process.join()
+                if status != "ok":
+                    raise DumpError(payload)
+                yield from payload
+    finally:
+        for process in running.values():
+            process.kill()
+
+
+def load_dumps(directory: str | Path, environ: Mapping[str, str] | None = None) -> Iterator[RankDump]:
     """Every rank's dump in ``directory`` (and subfolders), reduced, as each is read; :class:`DumpError` when
-    the folder or a file cannot be read. Many files are read by a pool of processes, in rank order."""
+    the folder or a file cannot be read. Many files are read by forked processes, a chunk each."""
     paths, sidecars = find_dumps(directory, environ)
     jobs = [(path, rank, sidecars.get(rank)) for rank, path in sorted(paths.items())]
     readers = _readers(len(jobs))
     if readers == 1:
-        yield from map(_summarize_job, jobs)
+        yield from (summarize(*job) for job in jobs)
         return
-    # fork: the readers need nothing but this module, already imported (a fresh interpreter would import torch)
-    context = multiprocessing.get_context("fork")
-    with concurrent.futures.ProcessPoolExecutor(readers, mp_context=context) as pool:
-        yield from pool.map(_summarize_job, jobs, chunksize=max(1, len(jobs) // (readers * 8)))
+    yield from _read_in_processes(jobs, readers)
