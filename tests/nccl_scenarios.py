@@ -78,7 +78,7 @@ def unfinished_after_p2p(directory: Path) -> None:
         for rank in ranks:
             rank.collective(DEFAULT4)
         clock.settle()
-    for _ in range(6):
+    for _ in range(9):  # ranks 1 and 2: 18 p2p ops each, and their counters read 20
         for src in range(3):
             ranks[src].send(DEFAULT4, src + 1)
             ranks[src + 1].recv(DEFAULT4, src)
@@ -99,7 +99,7 @@ def _wrapping(stall: bool) -> Callable[[Path], None]:
             for rank in ranks:
                 rank.collective(DEFAULT4)
             clock.settle()
-        for rounds, pair in ((12, (0, 1)), (3, (2, 3))):
+        for rounds, pair in ((30, (0, 1)), (3, (2, 3))):
             for _ in range(rounds):
                 ranks[pair[0]].send(pp[pair[0] // 2], pair[1])
                 ranks[pair[1]].recv(pp[pair[0] // 2], pair[0])
