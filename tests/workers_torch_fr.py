@@ -15,6 +15,7 @@ peers' timeout, then dumps: the state it was in.
 from __future__ import annotations
 
 import datetime
+import inspect
 import os
 import time
 from collections.abc import Callable
@@ -42,11 +43,17 @@ def _try(run: Callable[[], Any]) -> str:
     return "completed"
 
 
+def _new_group(ranks: list[int], params: dict[str, Any], desc: str | None = None) -> Any:
+    """``new_group``, with ``group_desc`` where this torch takes one (torch then writes it in every entry)."""
+    extra = {"group_desc": desc} if desc and "group_desc" in inspect.signature(dist.new_group).parameters else {}
+    return dist.new_group(ranks, timeout=_timeout(params), **extra)
+
+
 def _sub_group_stall(params: dict[str, Any]) -> dict[str, Any]:
-    """Groups {0, 1} and {2, 3}; rank 3 never enters the third all_reduce on {2, 3}."""
+    """Groups {0, 1} and {2, 3} (described as ``tp``); rank 3 never enters the third all_reduce on {2, 3}."""
     rank = dist.get_rank()
-    low = dist.new_group([0, 1], timeout=_timeout(params))
-    high = dist.new_group([2, 3], timeout=_timeout(params))
+    low = _new_group([0, 1], params, "tp")
+    high = _new_group([2, 3], params, "tp")
     mine = low if rank < 2 else high
     out = {}
     for step in range(3):
@@ -110,8 +117,8 @@ def _dead_rank(params: dict[str, Any]) -> dict[str, Any]:
     """tp {0, 1}, {2, 3} and dp {0, 2}, {1, 3}; rank 1 dies before the second tp all_reduce: rank 0 fails
     in it and never reaches the dp all_reduce, in which rank 2 then waits on it (the cascade)."""
     rank = dist.get_rank()
-    tp = [dist.new_group(r, timeout=_timeout(params)) for r in ([0, 1], [2, 3])][rank // 2]
-    dp = [dist.new_group(r, timeout=_timeout(params)) for r in ([0, 2], [1, 3])][rank % 2]
+    tp = [_new_group(r, params, "tp") for r in ([0, 1], [2, 3])][rank // 2]
+    dp = [_new_group(r, params, "dp") for r in ([0, 2], [1, 3])][rank % 2]
     out = {"tp0": _try(lambda: dist.all_reduce(torch.ones(4), group=tp))}
     out["dp0"] = _try(lambda: dist.all_reduce(torch.ones(4), group=dp))
     if rank == 1:
@@ -123,9 +130,10 @@ def _dead_rank(params: dict[str, Any]) -> dict[str, Any]:
 
 
 def _healthy(params: dict[str, Any]) -> dict[str, Any]:
-    """Every rank through the same collectives and p2p; with ``rounds`` above the buffer size, it wraps."""
+    """Every rank through the same collectives and p2p; then ranks 0-1 run ``extra`` more all_reduces on their
+    tp group, past the buffer size: the default group's entries wrap out of their buffers, not of ranks 2-3's."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    tp = [dist.new_group(r, timeout=_timeout(params)) for r in ([0, 1], [2, 3])][rank // 2]
+    tp = [_new_group(r, params, "tp") for r in ([0, 1], [2, 3])][rank // 2]
     for _ in range(params.get("rounds", 3)):
         dist.all_reduce(torch.ones(4), group=tp)
         dist.all_reduce(torch.ones(4))
@@ -133,6 +141,8 @@ def _healthy(params: dict[str, Any]) -> dict[str, Any]:
         ops = [dist.P2POp(dist.isend, send, (rank + 1) % world), dist.P2POp(dist.irecv, recv, (rank - 1) % world)]
         for work in dist.batch_isend_irecv(ops):
             work.wait()
+    for _ in range(params.get("extra", 0) if rank < 2 else 0):
+        dist.all_reduce(torch.ones(4), group=tp)
     return {"rounds": params.get("rounds", 3)}
 
 

@@ -198,8 +198,10 @@ def _merge(found: dict[str, GroupState], dump: RankDump, sigs: _Signatures) -> N
     dump.signatures = {}  # merged: the per-rank copy is no longer needed
 
 
-def _finish_groups(found: dict[str, GroupState], dumps: dict[int, RankDump]) -> list[GroupState]:
+def _finish_groups(found: dict[str, GroupState], dumps: dict[int, RankDump], world: int) -> list[GroupState]:
     for state in found.values():
+        if state.desc == "default_pg":  # torch's default group is the world, whatever a Gloo pg_config says
+            state.ranks = tuple(range(world))
         if not state.axes and (axis := axis_of(state.desc)):
             state.axes.append(axis)
         state.missing = [r for r in state.ranks if r not in dumps]
@@ -381,7 +383,7 @@ def analyse(dumps_in: Iterable[RankDump], world_size: int | None = None) -> Anal
     sizes = [d.world_size for d in dumps.values() if d.world_size]
     members = {r for g in found.values() for r in g.ranks}
     world = max([world_size or 0, *sizes, max(members, default=-1) + 1, max(dumps, default=-1) + 1])
-    groups = _finish_groups(found, dumps)
+    groups = _finish_groups(found, dumps, world)
     findings = [f for s in groups for f in (_mismatch(s, sigs.table), _stall(dumps, s)) if f is not None]
     findings += _p2p(dumps, {g.name: g for g in groups})
     missing = [r for r in range(world) if r not in dumps]

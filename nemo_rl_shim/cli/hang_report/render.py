@@ -58,9 +58,8 @@ def _shape_lines(analysis: Analysis) -> list[str]:
         bad = [g for g in groups if not _agrees(g, flagged)]
         count = f"{len(groups)} group{'s' * (len(groups) > 1)} of {size}"
         if good:
-            at = ("all at " if len(good) == len(groups) or len({_top(g) for g in good}) == 1 else "at ") + _at(
-                [_top(g) for g in good]
-            )
+            tops = [_top(g) for g in good]
+            at = ("all at " if len(set(tops)) == 1 else "at ") + _at(tops)
             but = "" if not bad else f" but {'one' if len(bad) == 1 else len(bad)}"
             lines.append(f"  {kind}: {count}, {at}{but}")
         else:
