@@ -81,3 +81,10 @@ step "$python" -m pytest -o addopts="--strict-markers -ra" -m gpu tests/test_gpu
 step "$python" -m nemo_rl_shim preflight --timeout-s "$((limit > 120 ? limit - 60 : limit))"
 # Bounded inside too: each rank at 150 s; the watchdog fires after 6 s.
 step "$python" -m tests.gpu_flight_recorder
+
+# --- hang-report on torch's own NCCL dumps (self-contained: nothing above depends on it) ---------------------------
+# 5. python -m tests.gpu_flight_recorder --torch-only: the same NCCL watchdog timeout without the shim (the
+#    recorder switched on through TORCH_FR_BUFFER_SIZE, TORCH_NCCL_DUMP_ON_TIMEOUT and TORCH_FR_DUMP_TEMP_FILE
+#    alone, dumps under torch's own name nccl_trace_rank_<rank>, no group map beside them); hang-report must
+#    name the same rank from torch's dumps. Bounded inside too: each rank at 150 s, the watchdog at 6 s.
+step "$python" -m tests.gpu_flight_recorder --torch-only
