@@ -279,6 +279,10 @@ def _waited(dumps: dict[int, RankDump], waiting: list[int], state: GroupState) -
     return max(waits) if waits else None
 
 
+def _same_op(a: Entry | None, b: Entry | None) -> bool:
+    return a is not None and b is not None and (a.group, a.seq, a.is_p2p) == (b.group, b.seq, b.is_p2p)
+
+
 def _silent_rank_out_of_reach(dump: RankDump, state: GroupState, top_created: int) -> bool:
     """A rank with no entry of the group, whose wrapped buffer starts after the collective began elsewhere."""
     if state.last.get(dump.rank, 0) > 0 or not dump.wrapped or dump.oldest_ns is None:
@@ -312,7 +316,7 @@ def _stall(dumps: dict[int, RankDump], state: GroupState) -> Finding | None:
         # every member entered it and none finished: a collective that hangs or runs past its timeout (on a
         # one-rank group, the only finding there can be)
         return Finding("not finished", state, unfinished, top, entry.op, [], _waited(dumps, waiting, state), created)
-    latest = [r for r in waiting if dumps[r].latest is entry or dumps[r].latest is state.entries[r]]
+    latest = [r for r in waiting if _same_op(dumps[r].latest, state.entries[r])]
     if state.missing and (unfinished or latest):  # the others were still in it, or it was their last, when they dumped
         waited = _waited(dumps, waiting, state)
         return Finding("missing", state, list(state.missing), top, entry.op, waiting, waited, created)

@@ -15,7 +15,8 @@ sidecars written at set-up (:data:`~nemo_rl_shim.flight_recorder.SIDECAR_NAME`).
   The versions found are kept per rank; mixed versions are read alike.
 * **Memory.** A dump is reduced to a :class:`RankDump` as it is read, and its entries dropped: per
   process group the last collective it entered, a signature (op and sizes) per sequence number,
-  and its unfinished point-to-point ops. Many dumps are read by a pool of processes, one file each.
+  and its unfinished point-to-point ops. Many dumps are read by forked processes, a chunk of files each,
+  which end without freeing what they read (freeing costs a third of reading).
 * **Groups.** Members come from the shim's map and sidecars, torch's ``pg_config`` where it names a
   group this rank is in (Gloo's keeps one group under ``''`` with the wrong ranks: never trusted),
   and the entries (a rank that recorded a group's op is its member).
