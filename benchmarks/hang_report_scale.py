@@ -93,20 +93,27 @@ def generate(directory: Path, world: int) -> dict[str, Any]:
 def _child_report(directory: str) -> None:
     """In a fresh process: the command's own reading and analysis; prints JSON facts."""
     from nemo_rl_shim.cli import hang_report
+    from nemo_rl_shim.cli.hang_report import loader
 
+    loader_readers = loader._readers(len(loader.find_dumps(directory)[0]))
     start = time.perf_counter()
     report = hang_report.build_report(directory, with_torch=False)
     wall = time.perf_counter() - start
     text = hang_report.render(report)
     json_text = json.dumps(report.to_json(), default=str)
-    peak_self = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    peak_children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    own, readers = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    peak_self, peak_children = own.ru_maxrss / 1024, readers.ru_maxrss / 1024
     print(
         json.dumps(
             {
                 "wall_s": round(wall, 2),
                 "peak_mb": round(peak_self, 1),
                 "peak_reader_mb": round(peak_children, 1),
+                # CPU seconds (the readers' and this process's, its imports included): what the wall time would
+                # be on idle cores, divided among them; the wall time here is under other engineers' load
+                "reader_cpu_s": round(readers.ru_utime + readers.ru_stime, 2),
+                "own_cpu_s": round(own.ru_utime + own.ru_stime, 2),
+                "readers": loader_readers,
                 "line": report.line,
                 "exit_code": report.exit_code,
                 "text_lines": len(text.splitlines()),

@@ -23,7 +23,7 @@ torch.distributed. Per process group (keyed by the name torch gives it in every 
 from __future__ import annotations
 
 import array
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,7 +52,7 @@ class GroupState:
     """One process group across the ranks that dumped: who is at which collective."""
 
     name: str
-    ranks: tuple[int, ...]  # members, in group-rank order where torch or the shim gave it
+    ranks: Sequence[int]  # members, in group-rank order where torch or the shim gave it (a tuple once merged)
     axes: list[str]
     desc: str = ""
     last: dict[int, int] = field(default_factory=dict)  # rank -> last collective number entered (0: none)
@@ -171,13 +171,13 @@ def _merge(found: dict[str, GroupState], dump: RankDump, sigs: _Signatures) -> N
     mapping = sigs.global_ids(dump.sig_table)
     identity = mapping == list(range(len(mapping)))
     for name, facts in dump.groups.items():
-        ranks = [int(r) for r in facts.get("ranks") or []]
+        ranks = facts.get("ranks") or ()  # a range or a tuple (loader.compact_ranks): the same one compares at once
         state = found.get(name)
         if state is None:
-            state = found[name] = GroupState(name, tuple(ranks), [], str(facts.get("desc") or ""))
-        elif len(ranks) > len(state.ranks) or not set(ranks) <= set(state.ranks):
+            state = found[name] = GroupState(name, ranks, [], str(facts.get("desc") or ""))
+        elif ranks != state.ranks and not set(ranks) <= set(state.ranks):
             # the fullest list keeps torch's group order; members seen only in entries join sorted
-            state.ranks = tuple(ranks) if set(state.ranks) <= set(ranks) else tuple(sorted({*state.ranks, *ranks}))
+            state.ranks = ranks if set(state.ranks) <= set(ranks) else tuple(sorted({*state.ranks, *ranks}))
         for axis in facts.get("axes") or []:
             if axis not in state.axes:
                 state.axes.append(axis)
@@ -200,8 +200,8 @@ def _merge(found: dict[str, GroupState], dump: RankDump, sigs: _Signatures) -> N
 
 def _finish_groups(found: dict[str, GroupState], dumps: dict[int, RankDump], world: int) -> list[GroupState]:
     for state in found.values():
-        if state.desc == "default_pg":  # torch's default group is the world, whatever a Gloo pg_config says
-            state.ranks = tuple(range(world))
+        state.ranks = tuple(range(world)) if state.desc == "default_pg" else tuple(state.ranks)
+        # torch's default group is the world, whatever a Gloo pg_config says
         if not state.axes and (axis := axis_of(state.desc)):
             state.axes.append(axis)
         state.missing = [r for r in state.ranks if r not in dumps]

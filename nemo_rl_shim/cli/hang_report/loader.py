@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import array
 import ast
+import functools
 import gc
 import json
 import multiprocessing
@@ -174,6 +175,33 @@ def _resolve_batches(p2p: list[Entry]) -> list[Entry]:
     return pending
 
 
+def compact_ranks(ranks: Iterable[int]) -> range | tuple[int, ...]:
+    """``ranks`` as a ``range`` where they step evenly (a mesh axis's group: pickled in a few bytes, compared at
+    once), else as a tuple; order kept (torch lists a group's ranks in group-rank order)."""
+    ranks = tuple(ranks)
+    if len(ranks) > 1 and (step := ranks[1] - ranks[0]) > 0:
+        candidate = range(ranks[0], ranks[-1] + 1, step)
+        if len(candidate) == len(ranks) and tuple(candidate) == ranks:
+            return candidate
+    return ranks
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_ranks(text: str) -> range | tuple[int, ...] | None:
+    """torch writes a group's ranks as ``"[0, 1, 2]"``: JSON, read in C; a cache, since every rank lists the same."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            return None
+    try:
+        return compact_ranks(int(r) for r in value)
+    except (TypeError, ValueError):
+        return None
+
+
 def _groups_from_pg_config(pg_config: Mapping[str, Any], rank: int) -> dict[str, dict[str, Any]]:
     """torch's ``pg_config``, where a group is named and this rank is among its ranks (Gloo's ``''`` never is)."""
     groups = {}
@@ -181,11 +209,8 @@ def _groups_from_pg_config(pg_config: Mapping[str, Any], rank: int) -> dict[str,
         if not name or not isinstance(facts, Mapping):
             continue
         ranks = facts.get("ranks", "[]")
-        try:
-            ranks = list(ast.literal_eval(ranks) if isinstance(ranks, str) else ranks)
-        except (ValueError, SyntaxError):
-            continue
-        if rank in ranks:
+        ranks = _parse_ranks(ranks) if isinstance(ranks, str) else compact_ranks(ranks)
+        if ranks is not None and rank in ranks:
             groups[str(name)] = {"axes": [], "ranks": ranks, "desc": str(facts.get("desc", ""))}
     return groups
 
@@ -233,28 +258,26 @@ def _scan(entries: list[dict[str, Any]]) -> _Scan:
     scan = _Scan()
     seq_key = "collective_seq_id" if not entries or "collective_seq_id" in entries[0] else "seq_id"
     previous: dict[str, tuple[Any, Any, int]] = {}  # group -> (name, sizes, signature id) of its last entry
-    table = scan.table
+    table, all_seqs, all_ids, last, p2p_entries = scan.table, scan.seqs, scan.sig_ids, scan.last, scan.p2p
+    tracks = False
     for raw in entries:
-        pg = raw["process_group"]
-        group = pg[0]
-        if not scan.tracks and raw.get("state") != "scheduled":
-            scan.tracks = True
+        group = raw["process_group"][0]
+        if not tracks and raw.get("state") != "scheduled":
+            tracks = True
         p2p = raw.get("is_p2p")
-        if p2p is None:
-            p2p = _is_p2p(raw)
-        if p2p:
-            scan.p2p.append(raw)
+        if p2p or (p2p is None and _is_p2p(raw)):
+            p2p_entries.append(raw)
             continue
         seq = raw.get(seq_key) or 0
         if seq <= 0:
             continue
         name, sizes = raw["profiling_name"], raw.get("input_sizes")
-        seqs = scan.seqs.get(group)
+        seqs = all_seqs.get(group)
         if seqs is None:
-            seqs = scan.seqs[group] = array.array("q")
-            scan.sig_ids[group] = array.array("q")
+            pg = raw["process_group"]
+            seqs = all_seqs[group] = array.array("q")
+            all_ids[group] = array.array("q")
             scan.descs[group] = pg[1] if len(pg) > 1 else ""
-        ids = scan.sig_ids[group]
         before = previous.get(group)
         if before is not None and before[0] == name and before[1] == sizes:
             sig = before[2]
@@ -262,19 +285,27 @@ def _scan(entries: list[dict[str, Any]]) -> _Scan:
             sig = table.setdefault((name, sizes_text(sizes)), len(table))
             previous[group] = (name, sizes, sig)
         if seqs and seqs[-1] == seq:  # one op of a coalesced collective: they share its number
-            if name.endswith("coalesced"):
-                scan.last[group] = raw  # the closer carries the state
-                continue
-            first = next(k for k, i in table.items() if i == ids[-1])
-            ids[-1] = table.setdefault((f"{first[0]}+{name}", f"{first[1]}; {sizes_text(sizes)}"), len(table))
+            _coalesce(scan, group, raw, name, sizes)
             continue
         seqs.append(seq)
-        ids.append(sig)
-        scan.last[group] = raw
-    for raw in scan.p2p:
+        all_ids[group].append(sig)
+        last[group] = raw
+    scan.tracks = tracks
+    for raw in p2p_entries:
         pg = raw["process_group"]
         scan.descs.setdefault(pg[0], pg[1] if len(pg) > 1 else "")
     return scan
+
+
+def _coalesce(scan: _Scan, group: str, raw: dict[str, Any], name: str, sizes: Any) -> None:
+    """A further entry under the group's last number: the closer (``..._coalesced``, which carries the state)
+    or one more op of the coalesced collective, joined into its signature."""
+    if name.endswith("coalesced"):
+        scan.last[group] = raw
+        return
+    ids = scan.sig_ids[group]
+    first = next(k for k, i in scan.table.items() if i == ids[-1])
+    ids[-1] = scan.table.setdefault((f"{first[0]}+{name}", f"{first[1]}; {sizes_text(sizes)}"), len(scan.table))
 
 
 def summarize(
@@ -292,13 +323,13 @@ def summarize(
     scan = _scan(entries)
     p2p = [_entry(item)[1] for item in scan.p2p]
     groups = shim.get("groups") or side.get("groups") or {}
-    groups = {str(k): dict(v) for k, v in groups.items()}
+    groups = {str(k): {**v, "ranks": compact_ranks(v.get("ranks") or ())} for k, v in groups.items()}
     for name, facts in _groups_from_pg_config(raw.get("pg_config") or {}, rank).items():
         groups.setdefault(name, facts)
     for name in {*scan.seqs, *(e.group for e in p2p)}:
-        facts = groups.setdefault(name, {"axes": [], "ranks": [], "desc": ""})
+        facts = groups.setdefault(name, {"axes": [], "ranks": (), "desc": ""})
         if rank not in facts["ranks"]:
-            facts["ranks"] = sorted([*facts["ranks"], rank])
+            facts["ranks"] = tuple(sorted([*facts["ranks"], rank]))
     for name, desc in scan.descs.items():
         if name in groups and not groups[name].get("desc"):
             groups[name]["desc"] = str(desc)
