@@ -63,6 +63,15 @@ def _report(directory: Path) -> hang_report.HangReport:
     return hang_report.build_report(directory)
 
 
+def _recorded(world: dict[str, Any]) -> None:
+    """Skip, with the numbers, where this torch's Gloo recorder wrote no collective (torch before 2.11)."""
+    import torch
+
+    counts = [len(d["entries"]) for _, d in sorted(_dumps(world).items())]
+    if not any(counts):
+        pytest.skip(f"torch {torch.__version__}'s Gloo recorder recorded no collective: entries per dump {counts}")
+
+
 def test_the_worlds_ran_as_intended(worlds) -> None:
     stall = worlds["sub_group_stall"]["results"]
     assert stall[3]["step2"] == "never entered" and stall[2]["step2"].startswith("raised: "), stall
@@ -76,6 +85,7 @@ def test_the_worlds_ran_as_intended(worlds) -> None:
 
 def test_what_torch_writes_on_gloo(worlds) -> None:
     """What the reading rests on: no shim keys, every entry 'scheduled', pg_config under '' with the wrong ranks."""
+    _recorded(worlds["sub_group_stall"])
     dumps = _dumps(worlds["sub_group_stall"])
     for rank, dump in dumps.items():
         assert "nemo_rl_shim" not in dump and "rank" not in dump, sorted(dump)
@@ -86,6 +96,7 @@ def test_what_torch_writes_on_gloo(worlds) -> None:
 
 
 def test_a_sub_group_stall_names_the_rank_op_and_group(worlds) -> None:
+    _recorded(worlds["sub_group_stall"])
     report = _report(worlds["sub_group_stall"]["dir"])
     first = report.findings[0]
     assert (first.kind, first.ranks, first.waiting, first.op, first.seq) == ("stall", [3], [2], "all_reduce", 3)
@@ -98,6 +109,7 @@ def test_a_sub_group_stall_names_the_rank_op_and_group(worlds) -> None:
 def test_gloo_marking_the_timed_out_collective_finished_changes_nothing(worlds, tmp_path) -> None:
     """As #22 observed it on another run: rank 2's timed-out all_reduce #3 ``retired`` and counted completed in
     ``pg_status``; the entry's state ('scheduled') decides, and rank 3 is still the one named."""
+    _recorded(worlds["sub_group_stall"])
     directory = tmp_path / "dumps"
     shutil.copytree(worlds["sub_group_stall"]["dir"], directory)
     path = directory / f"{PREFIX}2"
@@ -111,6 +123,7 @@ def test_gloo_marking_the_timed_out_collective_finished_changes_nothing(worlds, 
 
 
 def test_torch_analyzer_fails_on_gloos_pg_config_in_one_line(worlds) -> None:
+    _recorded(worlds["sub_group_stall"])
     report = _report(worlds["sub_group_stall"]["dir"])
     facts = report.torch
     last = hang_report.render(report).splitlines()[-1]
@@ -123,6 +136,7 @@ def test_torch_analyzer_fails_on_gloos_pg_config_in_one_line(worlds) -> None:
 
 
 def test_a_mismatch_names_the_odd_one_out(worlds) -> None:
+    _recorded(worlds["mismatch"])
     report = _report(worlds["mismatch"]["dir"])
     assert report.line == (
         "rank 2 differs on broadcast #2 on default, ranks 0-3: input sizes [[8]] (rank 2) where ranks 0-1, 3 have [[4]]"
@@ -143,6 +157,7 @@ def test_p2p_on_gloo_cannot_be_told_and_does_not_exit_0(worlds, name: str, capfd
 
 
 def test_a_dead_rank_is_named_before_the_rank_waiting_on_it(worlds) -> None:
+    _recorded(worlds["dead_rank"])
     report = _report(worlds["dead_rank"]["dir"])
     assert report.missing == [1]
     assert report.line.startswith("no dump from rank 1: "), hang_report.render(report)
@@ -151,6 +166,7 @@ def test_a_dead_rank_is_named_before_the_rank_waiting_on_it(worlds) -> None:
 
 
 def test_a_wrapped_buffer_is_healthy(worlds) -> None:
+    _recorded(worlds["healthy"])
     dumps = _dumps(worlds["healthy"])
     assert all(len(d["entries"]) == BUFFER for r, d in dumps.items() if r < 2)
     assert all(d["entries"][0]["record_id"] > 0 for r, d in dumps.items() if r < 2), "ranks 0-1 wrapped"

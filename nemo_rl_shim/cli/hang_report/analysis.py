@@ -200,8 +200,8 @@ def _merge(found: dict[str, GroupState], dump: RankDump, sigs: _Signatures) -> N
 
 def _finish_groups(found: dict[str, GroupState], dumps: dict[int, RankDump], world: int) -> list[GroupState]:
     for state in found.values():
-        state.ranks = tuple(range(world)) if state.desc == "default_pg" else tuple(state.ranks)
         # torch's default group is the world, whatever a Gloo pg_config says
+        state.ranks = tuple(range(world)) if state.desc == "default_pg" else tuple(state.ranks)
         if not state.axes and (axis := axis_of(state.desc)):
             state.axes.append(axis)
         state.missing = [r for r in state.ranks if r not in dumps]

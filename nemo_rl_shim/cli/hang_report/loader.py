@@ -51,7 +51,8 @@ _SIDECAR = re.compile("^" + re.escape(SIDECAR_NAME).replace(re.escape("{rank}"),
 PARALLEL_FROM = 32
 MAX_READERS = 8
 #: Files per reader process.
-CHUNK = 32
+CHUNK = 64
+MIN_CHUNK = 16
 _DONE = "completed"
 _P2P_OPS = ("send", "recv")
 
@@ -102,7 +103,6 @@ class RankDump:
     wrapped: bool  # the oldest entry is not the recorder's first (record_id > 0): older ones were overwritten
     tracks_completion: bool  # NCCL marks entries completed; Gloo leaves every one 'scheduled'
     pg_status: dict[str, Any] = field(default_factory=dict)
-    pg_config: dict[str, Any] = field(default_factory=dict)
     world_size: int | None = None
     reason: str | None = None
     dump_time_ns: int | None = None
@@ -350,7 +350,6 @@ def summarize(
         wrapped=int(first.get("record_id", 0) or 0) > 0,
         tracks_completion=scan.tracks,
         pg_status=dict(raw.get("pg_status") or {}),
-        pg_config=dict(raw.get("pg_config") or {}),
         world_size=shim.get("world_size") or side.get("world_size"),
         reason=shim.get("reason"),
         dump_time_ns=shim.get("dump_time_ns"),
@@ -443,10 +442,11 @@ def _read_chunk(jobs: list[tuple[Path, int, dict[str, Any] | None]], conn: Any) 
 
 
 def _read_in_processes(jobs: list[tuple[Path, int, dict[str, Any] | None]], readers: int) -> Iterator[RankDump]:
-    """Chunks of :data:`CHUNK` files, each read by a forked process, ``readers`` at a time, yielded as they end."""
+    """Chunks of up to :data:`CHUNK` files, each read by a forked process, ``readers`` at a time, as they end."""
     # fork: the readers need nothing but this module, already imported (a fresh interpreter would import torch)
     context = multiprocessing.get_context("fork")
-    chunks = deque(jobs[i : i + CHUNK] for i in range(0, len(jobs), CHUNK))
+    size = max(MIN_CHUNK, min(CHUNK, len(jobs) // (readers * 4)))
+    chunks = deque(jobs[i : i + size] for i in range(0, len(jobs), size))
     running: dict[Any, Any] = {}
     try:
         while chunks or running:

@@ -42,6 +42,8 @@ def _top(group: GroupState) -> int:
 
 def _at(values: list[int]) -> str:
     low, high = min(values), max(values)
+    if high == 0:
+        return "no collective recorded"
     return f"#{low}" if low == high else f"#{low}-#{high}"
 
 
@@ -59,7 +61,7 @@ def _shape_lines(analysis: Analysis) -> list[str]:
         count = f"{len(groups)} group{'s' * (len(groups) > 1)} of {size}"
         if good:
             tops = [_top(g) for g in good]
-            at = ("all at " if len(set(tops)) == 1 else "at ") + _at(tops)
+            at = _at(tops) if max(tops) == 0 else ("all at " if len(set(tops)) == 1 else "at ") + _at(tops)
             but = "" if not bad else f" but {'one' if len(bad) == 1 else len(bad)}"
             lines.append(f"  {kind}: {count}, {at}{but}")
         else:
