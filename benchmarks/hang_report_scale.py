@@ -2,7 +2,8 @@
 
 The dumps follow torch's NCCL schema (:mod:`tests.nccl_format_dumps`: entries key for key as
 ``FlightRecorderDetail.hpp`` writes them, three stack frames each, as the watchdog includes them).
-Each rank ran 1,000 tp all_reduces and 1,000 dp reduce_scatters, alternating; one rank
+Each rank ran 1,000 tp all_reduces and 1,000 dp reduce_scatters (input 1,024 x the dp size, output
+1,024, as torch's analyzer checks them), alternating; one rank
 (:func:`culprit`: 517) never entered its tp group's all_reduce #1001, which its 7 tp peers
 entered: their buffers wrapped by one entry. Expected first line: ``rank 517 did not enter all_reduce
 #1001 on tp, ranks 512-519 ...``.
@@ -75,7 +76,7 @@ def generate(directory: Path, world: int) -> dict[str, Any]:
         recorder = Rank(rank, [default, tp, dp], Clock())
         for _ in range(ROUNDS):
             recorder.collective(tp, "all_reduce", ((1024,),))
-            recorder.collective(dp, "reduce_scatter", ((8192,),))
+            recorder.collective(dp, "reduce_scatter", ((1024 * dp_size,),), out=((1024,),))
             recorder.clock.settle()
         if rank // TP == culprit_group and rank != stalled:
             recorder.collective(tp, "all_reduce", ((1024,),), state="scheduled")

@@ -140,10 +140,15 @@ class Rank:
         self._record_id += 1
         return entry
 
-    def collective(self, group: Group, op: str = "all_reduce", sizes: Any = ((4,),), state: str = "completed") -> int:
-        """One collective on ``group``; returns its collective_seq_id."""
+    def collective(
+        self, group: Group, op: str = "all_reduce", sizes: Any = ((4,),), state: str = "completed", out: Any = None
+    ) -> int:
+        """One collective on ``group`` (``out``: output sizes, where they differ, as a reduce_scatter's do);
+        returns its collective_seq_id."""
         self._coll[group.name] = self._coll.get(group.name, 0) + 1
         entry = self._base(group, op, [list(s) for s in sizes], state, False)
+        if out is not None:
+            entry["output_sizes"] = [list(s) for s in out]
         entry["collective_seq_id"] = self._coll[group.name]
         self.entries.append(entry)
         return self._coll[group.name]
