@@ -165,7 +165,8 @@ def synthesize_dumps(template: dict[str, Any], directory: Path) -> None:
 
 def _analysis(template: dict[str, Any]) -> dict[str, Any]:
     from nemo_rl_shim.cli import hang_report
-    from nemo_rl_shim.cli._fr_dumps import analyse, load_dumps
+    from nemo_rl_shim.cli.hang_report.analysis import analyse
+    from nemo_rl_shim.cli.hang_report.loader import load_dumps
 
     with tempfile.TemporaryDirectory(prefix="fr-64-") as tmp:
         directory = Path(tmp)
@@ -177,11 +178,11 @@ def _analysis(template: dict[str, Any]) -> dict[str, Any]:
             report = hang_report.build_report(directory)  # the default: torch's analyzer skipped at this size
             total.append(time.perf_counter() - start)
             start = time.perf_counter()
-            analyse(load_dumps(directory)[0])
+            analyse(load_dumps(directory))
             shim_only.append(time.perf_counter() - start)
-        dumps = load_dumps(directory)[0]
+        dumps = {d.rank: d for d in load_dumps(directory)}
         start = time.perf_counter()
-        torch_facts = hang_report.torch_analyzer(dumps)  # once: it is the slow part
+        torch_facts = hang_report.torch_analyzer.run(dumps)  # once: it is the slow part
         torch_only.append(time.perf_counter() - start)
     return {
         "ranks": WORLD,

@@ -52,6 +52,7 @@ __all__ = [
     "ENV_PAIRS",
     "PEER_DUMP_WAIT_S",
     "SIDECAR_NAME",
+    "TORCH_DEFAULT_PREFIX",
     "configure",
     "dump_now",
     "dump_on_timeout",
@@ -72,7 +73,8 @@ ENV_PAIRS: dict[str, tuple[str, ...]] = {
     "dump_file": ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"),
     "dump_on_timeout": ("TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_FR_DUMP_ON_TIMEOUT"),
 }
-_TORCH_DEFAULT_PREFIX = "/tmp/nccl_trace_rank_"
+#: torch's own dump-file prefix, where neither dump-file variable is set (its NCCL watchdog writes ``<prefix><rank>``).
+TORCH_DEFAULT_PREFIX = "/tmp/nccl_trace_rank_"
 #: The default store key through which the first rank to time out asks every rank to dump.
 _SIGNAL_KEY = "nemo_rl_shim/flight_recorder/dump"
 _ANSWER_KEY = "nemo_rl_shim/flight_recorder/dumped"
@@ -115,7 +117,7 @@ def configure(settings: FlightRecorderSettings, environ: MutableMapping[str, str
 def dump_path(rank: int, environ: Mapping[str, str] | None = None) -> Path:
     """Where rank ``rank``'s dump goes: the dump-file prefix in effect (the user's, the shim's, or torch's) + rank."""
     env = os.environ if environ is None else environ
-    prefix = next((env[name] for name in ENV_PAIRS["dump_file"] if env.get(name)), _TORCH_DEFAULT_PREFIX)
+    prefix = next((env[name] for name in ENV_PAIRS["dump_file"] if env.get(name)), TORCH_DEFAULT_PREFIX)
     return Path(f"{prefix}{rank}")
 
 

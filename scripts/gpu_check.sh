@@ -92,3 +92,10 @@ if [ "$("$python" -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ];
 else
     echo "== tests.scripts.gpu_mesh_timeouts skipped: Need 2 CUDA devices"
 fi
+
+# --- hang-report on torch's own NCCL dumps (self-contained: nothing above depends on it) ---------------------------
+# 5. python -m tests.gpu_flight_recorder --torch-only: the same NCCL watchdog timeout without the shim (the
+#    recorder switched on through TORCH_FR_BUFFER_SIZE, TORCH_NCCL_DUMP_ON_TIMEOUT and TORCH_FR_DUMP_TEMP_FILE
+#    alone, dumps under torch's own name nccl_trace_rank_<rank>, no group map beside them); hang-report must
+#    name the same rank from torch's dumps. Bounded inside too: each rank at 150 s, the watchdog at 6 s.
+step "$python" -m tests.gpu_flight_recorder --torch-only

@@ -12,6 +12,10 @@ report names what it should, 1 otherwise). Not a pytest file: it needs CUDA and 
   it, none finished``.
 * Two GPUs or more (``--nproc 2``): rank 1 never enters an all-reduce (it sleeps in Python); rank 0's
   watchdog times out, dumps, and signals rank 1's to dump. Expected: ``rank 1 did not enter all_reduce``.
+* ``--torch-only``: the same faults without the shim, as a user who switches the recorder on by hand:
+  ``init_process_group("nccl")`` directly, ``TORCH_FR_BUFFER_SIZE``, ``TORCH_NCCL_DUMP_ON_TIMEOUT`` and
+  ``TORCH_FR_DUMP_TEMP_FILE=<dir>/nccl_trace_rank_`` (torch's default name) set in the ranks' environment:
+  no sidecar, no group map; the report must name the same rank from torch's dumps alone.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["main", "rank"]
+__all__ = ["main", "rank", "torch_only_rank"]
 
 TIMEOUT_MIN = 0.1  # 6 s
 GPU_SLEEP_S = 30.0
@@ -34,7 +38,6 @@ RANK_BOUND_S = 150.0
 def rank(params: dict[str, Any]) -> dict[str, Any]:
     """One rank: set up NCCL with the recorder on, one good all-reduce, then the one that cannot finish."""
     import torch
-    import torch.distributed as dist
 
     from nemo_rl_shim.distributed_setup import RuntimeConfig, setup_distributed
 
@@ -47,6 +50,29 @@ def rank(params: dict[str, Any]) -> dict[str, Any]:
     }
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     setup_distributed(section, RuntimeConfig(cpu_offload=False))
+    return _stuck_all_reduce()
+
+
+def torch_only_rank(params: dict[str, Any]) -> dict[str, Any]:
+    """One rank without the shim: NCCL straight from torch, the recorder on through the environment alone."""
+    import datetime
+
+    del params  # the dump folder is in TORCH_FR_DUMP_TEMP_FILE, as a user would set it
+
+    import torch
+    import torch.distributed as dist
+
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group("nccl", timeout=datetime.timedelta(minutes=TIMEOUT_MIN))
+    return _stuck_all_reduce()
+
+
+def _stuck_all_reduce() -> dict[str, Any]:
+    """One good all-reduce, then one that cannot finish: rank 1 never enters it, or (one rank) it waits behind
+    ``torch.cuda._sleep`` on the stream."""
+    import torch
+    import torch.distributed as dist
+
     tensor = torch.ones(1024, device="cuda")
     dist.all_reduce(tensor)
     torch.cuda.synchronize()
@@ -55,8 +81,7 @@ def rank(params: dict[str, Any]) -> dict[str, Any]:
         return {"rank": 1, "outcome": "slept"}
     if dist.get_world_size() == 1:
         khz = getattr(torch.cuda.get_device_properties(0), "clock_rate", 0) or 2_000_000  # H100/H200: ~1.98 GHz
-        cycles = int(GPU_SLEEP_S * khz * 1000)
-        torch.cuda._sleep(cycles)  # the all-reduce below waits behind this on the stream
+        torch.cuda._sleep(int(GPU_SLEEP_S * khz * 1000))  # the all-reduce below waits behind this on the stream
     start = time.monotonic()
     try:
         dist.all_reduce(tensor)
@@ -69,11 +94,13 @@ def rank(params: dict[str, Any]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nproc", type=int, default=None, help="ranks (default: 2 with two GPUs or more, else 1)")
+    parser.add_argument("--torch-only", action="store_true", help="no shim: torch's recorder switched on by hand")
     args = parser.parse_args(argv)
     import torch
 
     from nemo_rl_shim.cli import hang_report
     from nemo_rl_shim.cli.launch import spawn_ranks
+    from nemo_rl_shim.flight_recorder import TORCH_DEFAULT_PREFIX
 
     gpus = torch.cuda.device_count()
     if gpus < 1:
@@ -82,9 +109,15 @@ def main(argv: list[str] | None = None) -> int:
     nproc = args.nproc or (2 if gpus >= 2 else 1)
     with tempfile.TemporaryDirectory(prefix="nemo-rl-shim-fr-nccl-") as tmp:
         start = time.monotonic()
-        results = spawn_ranks(
-            "tests.gpu_flight_recorder:rank", {"dump_dir": tmp}, world_size=nproc, timeout_s=RANK_BOUND_S, check=False
-        )
+        target, env = "tests.gpu_flight_recorder:rank", None
+        if args.torch_only:
+            target = "tests.gpu_flight_recorder:torch_only_rank"
+            env = {
+                "TORCH_FR_BUFFER_SIZE": "2000",
+                "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+                "TORCH_FR_DUMP_TEMP_FILE": str(Path(tmp) / Path(TORCH_DEFAULT_PREFIX).name),
+            }
+        results = spawn_ranks(target, {"dump_dir": tmp}, world_size=nproc, timeout_s=RANK_BOUND_S, env=env, check=False)
         wall = time.monotonic() - start
         for r in results:
             tail = " | ".join(line for line in r.output.splitlines()[-6:] if line.strip())[-600:]
@@ -99,7 +132,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"dump writers: {writers} (torch: written by NCCL's watchdog on the timeout)")
     expected = "rank 0 did not finish all_reduce #" if nproc == 1 else "rank 1 did not enter all_reduce #"
     ok = report.line.startswith(expected) and "torch" in writers.values()
-    print(f"gpu_flight_recorder: {'OK' if ok else 'FAILED'}: expected a first line starting {expected!r}")
+    if args.torch_only:  # torch's dumps alone: every one written by torch, no group map beside them
+        ok = ok and set(writers.values()) == {"torch"}
+    mode = "torch-only" if args.torch_only else "shim"
+    print(f"gpu_flight_recorder ({mode}): {'OK' if ok else 'FAILED'}: expected a first line starting {expected!r}")
     return 0 if ok else 1
 
 

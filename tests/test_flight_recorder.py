@@ -9,7 +9,8 @@ rendezvous runs under it, and ranks importing Automodel on busy cores arrive sec
   times out in it; on tp group [0, 1] a broadcast with mismatched sizes (Gloo completes it without
   an error), after which both ranks dump themselves;
 * ``phase_change``, 2 ranks: rank 1 stalls through the barrier of ``after_first_step``;
-* ``dead_rank``, 2 ranks: rank 1 exits before an all-reduce and leaves no dump.
+* ``dead_rank``, 2 ranks: rank 1 exits before an all-reduce and leaves no dump;
+* ``answered``, 2 ranks: nothing stalls; rank 0 asks every watcher to dump and times their answers.
 
 The report is then read in this process from those dumps (copied, so that tests can delete or
 corrupt files): its first line, exit codes, a corrupt file, a missing dump, a bad directory, and
@@ -30,6 +31,7 @@ from nemo_rl_shim.cli import hang_report
 from nemo_rl_shim.cli.launch import RankResult, spawn_ranks
 from nemo_rl_shim.cli.main import main
 from nemo_rl_shim.flight_recorder import DUMP_FILE_NAME, SIDECAR_NAME
+from tests.workers_flight_recorder import ANSWER_WAIT_S
 
 pytestmark = pytest.mark.multiprocess
 
@@ -84,6 +86,11 @@ def dead_rank(tmp_path_factory) -> dict[str, Any]:
     return _world(tmp_path_factory, "dead_rank", 2)
 
 
+@pytest.fixture(scope="module")
+def answered(tmp_path_factory) -> dict[str, Any]:
+    return _world(tmp_path_factory, "answered", 2)
+
+
 def _copy(world: dict[str, Any], tmp_path: Path) -> Path:
     target = tmp_path / "dumps"
     shutil.copytree(world["dir"], target)
@@ -128,6 +135,18 @@ def test_the_stalled_rank_dumped_because_its_peer_asked(sub_groups, phase_change
         assert dump["nemo_rl_shim"]["reason"].startswith(f"rank {asker} asked: "), dump["nemo_rl_shim"]["reason"]
 
 
+def test_every_watcher_answers_the_rank_that_asked(answered) -> None:
+    """Rank 0 asks (``request_peer_dumps``) with nothing stalled: both watchers, its own and rank 1's, dump and
+    answer well before the wait's bound (a watcher that dumps but does not answer costs the asker the full wait)."""
+    results = _results(answered, 2)
+    asked = results[0]
+    assert asked["answered"] == 2, asked
+    assert asked["seconds"] < ANSWER_WAIT_S / 2, asked
+    assert results[1]["dumped"], results[1]
+    dump = pickle.loads((answered["dir"] / f"{DUMP_FILE_NAME}1").read_bytes())
+    assert dump["nemo_rl_shim"]["reason"] == "rank 0 asked: the test asks", dump["nemo_rl_shim"]["reason"]
+
+
 def test_dumps_are_torchs_format_plus_rank_and_group_map(sub_groups) -> None:
     dump = pickle.loads((sub_groups["dir"] / f"{DUMP_FILE_NAME}2").read_bytes())
     assert {"version", "pg_config", "entries"} <= set(dump), sorted(dump)
@@ -138,7 +157,10 @@ def test_dumps_are_torchs_format_plus_rank_and_group_map(sub_groups) -> None:
     assert shim["groups"][tp_name]["ranks"] == [2, 3]
     assert any(e["process_group"][0] == tp_name for e in dump["entries"]), "no entry of the tp group"
     assert tp_name in dump["pg_config"], "pg_config is keyed by the group names the entries carry"
-    assert "" in (shim["torch_pg_config"] or {"": None}), "Gloo's own pg_config is keyed by an empty name"
+    # with the recorder's buffer set, torch records Gloo's collectives: its own pg_config then holds one group under ''
+    assert dump["entries"], "the recorder recorded nothing"
+    torch_pg_config = shim["torch_pg_config"]
+    assert isinstance(torch_pg_config, dict) and "" in torch_pg_config, torch_pg_config
 
 
 # --- the report's first line names the rank ------------------------------------------------------------------------
@@ -205,8 +227,17 @@ def test_command_prints_the_line_first_and_exits_1(sub_groups, capfd) -> None:
     assert main(["hang-report", str(sub_groups["dir"])]) == 1
     out = capfd.readouterr().out.splitlines()
     assert out[0].startswith("ranks 0-1 disagree on broadcast"), out[:3]
-    assert any(line.startswith("  tp, ranks 2-3 (process group") for line in out), out
-    assert any("torch" in line and "analyzer" in line for line in out), out
+    assert "  tp: 2 groups of 2, disagreeing" in out, out
+    assert any(line.startswith("    tp, ranks 2-3 (process group") for line in out), out
+    # the analyzer line says what it did on these very dumps: ran, or why not; never "skipped" at this size
+    facts = hang_report.build_report(sub_groups["dir"]).torch
+    assert facts["outcome"] in ("ran", "failed", "absent"), facts
+    expected = (
+        f"torch {facts['torch']} analyzer: ran, matched {facts['collectives']} collectives, flagged "
+        if facts["ran"]
+        else f"torch {facts['torch']} analyzer: did not run: {facts['error']}"
+    )
+    assert out[-1].startswith(expected), (out[-1], facts)
 
 
 def test_command_json(phase_change, capfd) -> None:
@@ -258,13 +289,13 @@ def test_torch_analyzer_on_the_dumps_as_written_and_as_gloo_left_them(sub_groups
     group under an empty name); what it did is printed and recorded (``record_property``), per lane."""
     import torch
 
-    written = hang_report.torch_analyzer(hang_report.build_report(sub_groups["dir"]).dumps)
+    written = hang_report.torch_analyzer.run(hang_report.build_report(sub_groups["dir"]).dumps)
     directory = _copy(sub_groups, tmp_path)
     for path in directory.glob(f"{DUMP_FILE_NAME}*"):
         dump = pickle.loads(path.read_bytes())
         dump["pg_config"] = dump["nemo_rl_shim"]["torch_pg_config"]
         path.write_bytes(pickle.dumps(dump))
-    raw = hang_report.torch_analyzer(hang_report.build_report(directory).dumps)
+    raw = hang_report.torch_analyzer.run(hang_report.build_report(directory).dumps)
     record_property("torch_analyzer", json.dumps({"as_written": written, "gloo_raw": raw}, default=str))
     print(f"\ntorch {torch.__version__} analyzer: as written {written}\n  on Gloo's own pg_config {raw}")
     try:

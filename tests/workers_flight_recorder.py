@@ -26,6 +26,8 @@ __all__ = ["SCENARIOS", "run_scenario"]
 
 _STORE_WAIT_S = 60
 _DUMP_WAIT_S = 20
+#: How long rank 0 of ``answered`` waits for every watcher (tests/test_flight_recorder.py's bound).
+ANSWER_WAIT_S = 20.0
 
 
 def _section(params: dict[str, Any]) -> dict[str, Any]:
@@ -118,7 +120,19 @@ def _dead_rank(context: Any, stalled: int, stall_s: float) -> dict[str, Any]:
     return _collective("all_reduce with a dead peer", lambda: dist.all_reduce(torch.ones(2)))
 
 
-SCENARIOS = {"sub_groups": _sub_groups, "phase_change": _phase_change, "dead_rank": _dead_rank}
+def _answered(context: Any, stalled: int, stall_s: float) -> dict[str, Any]:
+    """Rank 0 asks every rank's watcher to dump (nothing stalled) and times the answers; the others wait for
+    their own dump (their watcher's)."""
+    del context, stalled, stall_s
+    dist.barrier()  # every watcher is running (record_groups started it in setup_distributed)
+    if dist.get_rank() != 0:
+        return {"dumped": _wait_for_own_dump()}
+    start = time.monotonic()
+    answered = flight_recorder.request_peer_dumps("the test asks", wait_s=ANSWER_WAIT_S)
+    return {"answered": answered, "seconds": time.monotonic() - start, "dumped": _wait_for_own_dump()}
+
+
+SCENARIOS = {"sub_groups": _sub_groups, "phase_change": _phase_change, "dead_rank": _dead_rank, "answered": _answered}
 
 
 def run_scenario(params: dict[str, Any]) -> dict[str, Any]:

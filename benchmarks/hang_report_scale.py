@@ -1,0 +1,243 @@
+"""``hang-report`` at cluster scale: 1,024 ranks (dp 128 x tp 8) of 2,000 NCCL-format entries each, and 8,192.
+
+The dumps follow torch's NCCL schema (:mod:`tests.nccl_format_dumps`: entries key for key as
+``FlightRecorderDetail.hpp`` writes them, three stack frames each, as the watchdog includes them).
+Each rank ran 1,000 tp all_reduces and 1,000 dp reduce_scatters (input 1,024 x the dp size, output
+1,024, as torch's analyzer checks them), alternating; one rank
+(:func:`culprit`: 517) never entered its tp group's all_reduce #1001, which its 7 tp peers
+entered: their buffers wrapped by one entry. Expected first line: ``rank 517 did not enter all_reduce
+#1001 on tp, ranks 512-519 ...``.
+
+Measured, each in a fresh process (``/usr/bin/time``-free: ``resource.getrusage`` of the child):
+
+* ``hang_report.build_report`` end to end as the command runs it (torch's analyzer skipped at this
+  size), wall time (median of :data:`REPEATS` runs up to 1,024 ranks), CPU seconds, and peak memory
+  (max RSS of the process and of its largest reader, which shares the pages it was forked with);
+* the text report's longest line (readable at any size);
+* torch's own analyzer (``build_db``) on the same dumps, in its own process, bounded by
+  :data:`TORCH_BOUND_S`.
+
+Targets: 1,024 ranks in at most 10 s and 2 GB; 8,192 ranks in at most 2 minutes. Generating the
+dumps is CPU-heavy: they are written once under ``--dumps`` (default ``/tmp/hang-report-scale``)
+and reused. The machine's load (it is shared) is recorded with the figures.
+
+Run: ``uv run python benchmarks/hang_report_scale.py [--ranks 1024 8192]``; writes
+``benchmarks/results/hang_report_scale.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make ``benchmarks`` and ``tests`` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks._common import ROOT, environment, print_table, write_results
+
+__all__ = ["generate", "main", "measure"]
+
+TP = 8
+ROUNDS = 1000
+TARGETS_S = {1024: 10.0, 8192: 120.0}
+TARGET_PEAK_MB = {1024: 2048}
+#: torch's analyzer is stopped here: on 64 ranks it already takes tens of seconds.
+TORCH_BOUND_S = 300
+TORCH_UP_TO_RANKS = 1024
+MEASURE_BOUND_S = 900
+#: Runs of the report per size up to 1,024 ranks (the median stands): the machine is shared, its load varies.
+REPEATS = 3
+
+
+def culprit(world: int) -> int:
+    """The rank that never enters: 517 (of 1,024 or 8,192), or past the middle of a smaller world."""
+    return 517 if world > 517 else world // 2 + 5
+
+
+def generate(directory: Path, world: int) -> dict[str, Any]:
+    """Write ``world`` ranks' dumps (skipped when the folder already holds them); returns size and time."""
+    from tests.nccl_format_dumps import Clock, Group, Rank, write
+
+    directory.mkdir(parents=True, exist_ok=True)
+    done = directory / "complete.json"
+    if done.exists():
+        return json.loads(done.read_text())
+    start = time.perf_counter()
+    default = Group("0", "default_pg", tuple(range(world)))
+    dp_size = world // TP
+    stalled = culprit(world)
+    culprit_group = stalled // TP
+    for rank in range(world):
+        tp = Group(str(1 + rank // TP), "mesh_tp", tuple(range(rank // TP * TP, rank // TP * TP + TP)))
+        dp = Group(str(1 + dp_size + rank % TP), "mesh_dp", tuple(range(rank % TP, world, TP)))
+        recorder = Rank(rank, [default, tp, dp], Clock())
+        for _ in range(ROUNDS):
+            recorder.collective(tp, "all_reduce", ((1024,),))
+            recorder.collective(dp, "reduce_scatter", ((1024 * dp_size,),), out=((1024,),))
+            recorder.clock.settle()
+        if rank // TP == culprit_group and rank != stalled:
+            recorder.collective(tp, "all_reduce", ((1024,),), state="scheduled")
+        write(directory, recorder, buffer=2 * ROUNDS)
+    facts = {
+        "ranks": world,
+        "entries_per_rank": 2 * ROUNDS,
+        "bytes": sum(p.stat().st_size for p in directory.glob("nccl_trace_rank_*")),
+        "generate_s": round(time.perf_counter() - start, 1),
+    }
+    done.write_text(json.dumps(facts))
+    return facts
+
+
+def _child_report(directory: str) -> None:
+    """In a fresh process: the command's own reading and analysis; prints JSON facts."""
+    from nemo_rl_shim.cli import hang_report
+    from nemo_rl_shim.cli.hang_report import loader
+
+    loader_readers = loader._readers(len(loader.find_dumps(directory)[0]))
+    start = time.perf_counter()
+    report = hang_report.build_report(directory, with_torch=False)
+    wall = time.perf_counter() - start
+    text = hang_report.render(report)
+    json_text = json.dumps(report.to_json(), default=str)
+    own, readers = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    peak_self, peak_children = own.ru_maxrss / 1024, readers.ru_maxrss / 1024
+    print(
+        json.dumps(
+            {
+                "wall_s": round(wall, 2),
+                "peak_mb": round(peak_self, 1),
+                "peak_reader_mb": round(peak_children, 1),
+                # CPU seconds (the readers' and this process's, its imports included): what the wall time would
+                # be on idle cores, divided among them; the wall time here is under other engineers' load
+                "reader_cpu_s": round(readers.ru_utime + readers.ru_stime, 2),
+                "own_cpu_s": round(own.ru_utime + own.ru_stime, 2),
+                "readers": loader_readers,
+                "line": report.line,
+                "exit_code": report.exit_code,
+                "text_lines": len(text.splitlines()),
+                "longest_text_line": max(len(line) for line in text.splitlines()),
+                "text_head": text.splitlines()[:12],
+                "json_bytes": len(json_text),
+            }
+        )
+    )
+
+
+def _child_torch(directory: str) -> None:
+    """In a fresh process: torch's own analyzer, reading the dumps the way its loader does."""
+    import argparse as ap
+
+    from nemo_rl_shim.cli.hang_report import torch_analyzer
+    from nemo_rl_shim.cli.hang_report.loader import find_dumps
+
+    paths, _ = find_dumps(directory)
+    start = time.perf_counter()
+    try:
+        from torch.distributed.flight_recorder.components.builder import build_db
+        from torch.distributed.flight_recorder.components.loader import read_dir
+
+        details, version = read_dir(ap.Namespace(trace_dir=directory, prefix="nccl_trace_rank_"))
+        args = ap.Namespace(
+            verbose=False, just_print_entries=False, allow_incomplete_ranks=True, mismatch_cap=10,
+            selected_ranks=None, pg_filters=None, print_stack_trace=False, output=None, transform_ft=False,
+        )  # fmt: skip
+        db = build_db(details, args, version)
+        outcome = {"ran": True, "collectives": len(db.collectives)}
+        flagged = [c for c in db.collectives if getattr(c, "missing_ranks", None) or not getattr(c, "pass_check", 1)]
+        outcome["flagged"] = [torch_analyzer._collective_facts(c) for c in flagged[:5]]
+    except (Exception, SystemExit) as e:  # whatever it does is the measurement
+        outcome = {"ran": False, "error": f"{type(e).__name__}: {str(e)[:300]}"}
+    outcome["wall_s"] = round(time.perf_counter() - start, 2)
+    outcome["peak_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    outcome["files"] = len(paths)
+    print(json.dumps(outcome, default=str))
+
+
+def _run_child(kind: str, directory: Path, bound_s: float) -> dict[str, Any]:
+    command = [sys.executable, __file__, f"--child-{kind}", str(directory)]
+    start = time.perf_counter()
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=bound_s, cwd=ROOT, check=False)
+    except subprocess.TimeoutExpired:
+        return {"ran": False, "error": f"still running after {bound_s} s (killed)", "wall_s": bound_s}
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        return {"ran": False, "error": f"exit {done.returncode}: {done.stderr.strip()[-500:]}"}
+    facts = json.loads(lines[-1])
+    facts["process_wall_s"] = round(time.perf_counter() - start, 2)  # imports (torch) included
+    return facts
+
+
+def measure(world: int, base: Path, with_torch: bool) -> dict[str, Any]:
+    """Generate (once) and measure ``world`` ranks."""
+    directory = base / f"ranks{world}"
+    facts: dict[str, Any] = {"dumps": generate(directory, world), "load_before": list(__import__("os").getloadavg())}
+    runs = [_run_child("report", directory, MEASURE_BOUND_S) for _ in range(REPEATS if world <= 1024 else 1)]
+    walls = [run.get("wall_s") for run in runs]
+    # the median run (by wall time) stands for the size; every run's wall time and load are kept
+    facts["hang_report"] = sorted(runs, key=lambda run: run.get("wall_s") or float("inf"))[len(runs) // 2]
+    facts["hang_report_walls_s"] = walls
+    if with_torch:
+        facts["torch_analyzer"] = _run_child("torch", directory, TORCH_BOUND_S)
+    facts["load_after"] = list(__import__("os").getloadavg())
+    report = facts["hang_report"]
+    facts["target_s"] = TARGETS_S.get(world)
+    facts["target_peak_mb"] = TARGET_PEAK_MB.get(world)
+    facts["meets_target"] = bool(
+        report.get("wall_s") is not None
+        and report["wall_s"] <= TARGETS_S.get(world, float("inf"))
+        and max(report.get("peak_mb", 0), report.get("peak_reader_mb", 0)) <= TARGET_PEAK_MB.get(world, float("inf"))
+        and str(report.get("line", "")).startswith(f"rank {culprit(world)} did not enter all_reduce #{ROUNDS + 1} on")
+    )
+    return facts
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, nargs="+", default=[64, 1024])
+    parser.add_argument("--dumps", type=Path, default=Path("/tmp/hang-report-scale"))
+    parser.add_argument("--no-torch", action="store_true", help="skip torch's analyzer (it is the slow part)")
+    parser.add_argument("--child-report")
+    parser.add_argument("--child-torch")
+    args = parser.parse_args(argv)
+    if args.child_report:
+        _child_report(args.child_report)
+        return 0
+    if args.child_torch:
+        _child_torch(args.child_torch)
+        return 0
+    before = environment()
+    torch_too = {world: not args.no_torch and world <= TORCH_UP_TO_RANKS for world in args.ranks}
+    results = {world: measure(world, args.dumps, torch_too[world]) for world in args.ranks}
+    rows = []
+    for world, facts in results.items():
+        report, torch_facts = facts["hang_report"], facts.get("torch_analyzer", {})
+        rows.append([
+            world, f"{facts['dumps']['bytes'] / 1e6:.0f} MB", report.get("wall_s"),
+            max(report.get("peak_mb", 0), report.get("peak_reader_mb", 0)), report.get("longest_text_line"),
+            torch_facts.get("wall_s", "-"), torch_facts.get("peak_mb", "-"), facts["meets_target"],
+        ])  # fmt: skip
+        print(f"\n{world} ranks, first line: {report.get('line')}")
+        print("  torch's analyzer:", json.dumps({k: v for k, v in torch_facts.items() if k != "flagged"}))
+    print_table(
+        "hang-report on NCCL-format dumps (2,000 entries per rank)",
+        ["ranks", "dumps", "report s", "peak MB", "longest line", "torch s", "torch MB", "target met"],
+        rows,
+    )
+    path = write_results(
+        "hang_report_scale",
+        {"benchmark": "hang_report_scale", "environment_before": before, "environment_after": environment(),
+         "culprits": {str(k): culprit(k) for k in results}, "results": {str(k): v for k, v in results.items()}},
+    )  # fmt: skip
+    print(f"\nwrote {path}")
+    return 0 if all(f["meets_target"] for f in results.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

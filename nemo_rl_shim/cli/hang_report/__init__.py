@@ -1,0 +1,168 @@
+"""``nemo-rl-shim hang-report DIR [--json]``: who did not join the collective, from every rank's Flight Recorder dump.
+
+The first line names the rank(s) that did not enter, or did not finish, the collective or the
+point-to-point op the others waited in: the group as its mesh axes and ranks, the op, its sequence
+number, and how long the others waited. Then the groups by shape, the other findings, the dumps,
+and what torch's own analyzer made of them.
+
+Split by job, as torch's own ``flight_recorder/`` keeps loader, builder and types apart:
+:mod:`.loader` (finding and reading the dumps), :mod:`.analysis` (who did not join),
+:mod:`.torch_analyzer` (torch's analyzer, one line whatever it does) and :mod:`.render`
+(text and JSON). This module is the command.
+
+Exit codes: 0 every rank agrees; 1 a stall, an unfinished collective or p2p op, a mismatch or a
+missing dump; 2 a folder or file that cannot be read, or dumps that hold no entry to compare (one
+line on stderr).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nemo_rl_shim.cli.hang_report import torch_analyzer
+from nemo_rl_shim.cli.hang_report.analysis import Analysis, Finding, GroupState, analyse
+from nemo_rl_shim.cli.hang_report.loader import DumpError, RankDump, load_dumps
+from nemo_rl_shim.cli.hang_report.render import render_text, report_json
+from nemo_rl_shim.flight_recorder import DUMP_FILE_NAME
+from nemo_rl_shim.rank_ranges import format_ranks
+
+__all__ = [
+    "EXIT_AGREE",
+    "EXIT_FOUND",
+    "EXIT_UNREADABLE",
+    "PREFLIGHT_DUMP_WAIT_S",
+    "DumpError",
+    "Finding",
+    "GroupState",
+    "HangReport",
+    "RankDump",
+    "build_report",
+    "main",
+    "preflight_summary",
+    "render",
+    "torch_analyzer",
+]
+
+EXIT_AGREE, EXIT_FOUND, EXIT_UNREADABLE = 0, 1, 2
+
+
+@dataclass
+class HangReport:
+    """What the dumps say: the analysis and torch's analyzer's outcome."""
+
+    directory: Path
+    analysis: Analysis
+    torch: dict[str, Any]
+
+    @property
+    def dumps(self) -> dict[int, RankDump]:
+        return self.analysis.dumps
+
+    @property
+    def findings(self) -> list[Finding]:
+        return self.analysis.findings
+
+    @property
+    def groups(self) -> list[GroupState]:
+        return self.analysis.groups
+
+    @property
+    def missing(self) -> list[int]:
+        return self.analysis.missing
+
+    @property
+    def empty(self) -> bool:
+        """No dump holds an entry: nothing to compare, so nothing can be told."""
+        return not any(d.n_entries for d in self.dumps.values())
+
+    @property
+    def exit_code(self) -> int:
+        if self.findings or self.missing:
+            return EXIT_FOUND
+        return EXIT_UNREADABLE if self.empty else EXIT_AGREE
+
+    @property
+    def line(self) -> str:
+        """The first line: who did not join, or that every rank agrees."""
+        if self.findings:
+            return self.findings[0].line()
+        if self.missing:
+            return f"no dump from rank{'s' * (len(self.missing) > 1)} {format_ranks(self.missing)}"
+        if self.empty:
+            return (
+                f"cannot tell: the {len(self.dumps)} dumps hold no entry (torch's Gloo recorder records no "
+                "send/recv; a recorder made with TORCH_FR_BUFFER_SIZE=0 records nothing)"
+            )
+        return f"every rank agrees: {len(self.dumps)} dumps, every group at the same collective"
+
+    def to_json(self) -> dict[str, Any]:
+        return report_json(self.line, self.exit_code, self.analysis, self.directory, self.torch)
+
+
+def build_report(directory: str | Path, *, with_torch: bool | None = None) -> HangReport:
+    """Read ``directory`` (and its subfolders) and analyse it; :class:`DumpError` when it cannot be read.
+
+    ``with_torch``: run torch's analyzer too (True), not (False), or when the dumps hold at most
+    :data:`torch_analyzer.MAX_ENTRIES` entries in all (None). It runs after the shim's analysis.
+    """
+    directory = Path(directory)
+    analysis = analyse(load_dumps(directory))
+    entries = sum(d.n_entries for d in analysis.dumps.values())
+    if with_torch is None:
+        with_torch = entries <= torch_analyzer.MAX_ENTRIES
+    torch_facts = torch_analyzer.run(analysis.dumps) if with_torch else torch_analyzer.skipped(entries)
+    return HangReport(directory, analysis, torch_facts)
+
+
+def render(report: HangReport) -> str:
+    """The text ``nemo-rl-shim hang-report`` prints."""
+    return render_text(report.line, report.analysis, report.directory, report.torch)
+
+
+def main(directory: str, *, as_json: bool = False, with_torch: bool | None = None) -> tuple[int, str]:
+    """The command: ``(exit code, text)``; a :class:`DumpError` is ``(2, its one line)``."""
+    try:
+        report = build_report(directory, with_torch=with_torch)
+    except DumpError as e:
+        return EXIT_UNREADABLE, f"hang-report: {e}"
+    text = json.dumps(report.to_json(), indent=2, default=str) if as_json else render(report)
+    return report.exit_code, text
+
+
+#: How long a failed preflight waits for every rank's dump (the last rank dumps when its watcher is asked).
+PREFLIGHT_DUMP_WAIT_S = 5.0
+
+
+def _wait_for_dumps(directory: Path, world_size: int, wait_s: float) -> None:
+    end = time.monotonic() + wait_s
+    while time.monotonic() < end:
+        present = {p.name for p in directory.glob(f"{DUMP_FILE_NAME}*")}
+        if all(f"{DUMP_FILE_NAME}{rank}" in present for rank in range(world_size)):
+            return
+        time.sleep(0.1)
+
+
+def preflight_summary(
+    directory: str | Path, world_size: int, hosts: list[str] | None = None, wait_s: float = PREFLIGHT_DUMP_WAIT_S
+) -> dict[str, Any]:
+    """What a failed ``preflight`` run with the recorder on ends with: ``summary`` (one line) and the report's JSON.
+
+    Waits up to ``wait_s`` for every rank's dump first. ``hosts``: the nodes the ranks ran on (Ray),
+    to say where the dumps were written.
+    """
+    directory = Path(directory)
+    _wait_for_dumps(directory, world_size, wait_s)
+    where = f"dumps in {directory}"
+    if hosts and len(hosts) > 1:
+        where += f" on this node; ranks on other nodes ({', '.join(hosts)}) wrote theirs to {directory} on their node"
+    elif hosts:
+        where += f", written by the Ray actors on their node ({hosts[0]})"
+    try:
+        report = build_report(directory)
+    except DumpError as e:
+        return {"summary": f"hang report ({where}): {e}", "exit_code": EXIT_UNREADABLE, "where": where}
+    return {"summary": f"hang report ({where}): {report.line}", "where": where, **report.to_json()}

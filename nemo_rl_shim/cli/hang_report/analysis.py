@@ -1,0 +1,396 @@
+"""Who did not join: every process group across the ranks' dumps, from each entry's own state.
+
+Pure functions of :class:`~nemo_rl_shim.cli.hang_report.loader.RankDump` s: nothing here touches
+torch.distributed. Per process group (keyed by the name torch gives it in every entry):
+
+* **Collectives.** The highest sequence number a member entered is the collective the group is in.
+  A member whose last number is lower did not enter it (a stall). Where the entries say whether
+  they finished (NCCL's ``state``; Gloo leaves every entry ``scheduled``, and marks a timed-out one
+  ``retired`` too), a member that entered but did not finish while others did, or a collective that
+  every member entered and none finished, is unfinished. ``pg_status`` never overrides an entry:
+  NCCL counts p2p work in the same ``last_completed_collective``; it is kept as a hint.
+* **Wraparound.** A ring buffer keeps the newest entries, so a rank that recorded any op of a group
+  has its last one. A rank with none, whose buffer wrapped and whose oldest entry is newer than the
+  collective, cannot say whether it entered: it is *out of reach*, never *behind*.
+* **Point-to-point.** An unfinished ``send``/``recv`` (a batch's ops take the state of its
+  ``nccl:coalesced`` entry) is matched with the peer's newest opposite op toward this rank in the same
+  group: none, or one that finished before this op was posted, and the peer did not do its side.
+* **Mismatch.** At one sequence number, the odd one out by op or sizes; a tie names every rank.
+* **Order of blame.** A mismatch first (what follows may be its consequence), then a rank with no
+  dump, then the ranks that others wait on and that wait on no one, then their waiting peers.
+"""
+
+from __future__ import annotations
+
+import array
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from nemo_rl_shim.cli.hang_report.loader import Entry, RankDump
+from nemo_rl_shim.rank_ranges import format_ranks
+
+__all__ = ["Analysis", "Finding", "GroupState", "analyse", "axis_of", "pg_status_counts_done"]
+
+#: Ops whose input sizes must agree on every rank (gather, scatter, all_to_all and p2p may differ).
+_SAME_SIZES = ("all_reduce", "allreduce", "broadcast", "reduce", "allgather", "all_gather", "reduce_scatter", "barrier")
+_PRIORITY = {"mismatch": 0, "missing": 1, "stall": 2, "p2p": 2, "not finished": 3}
+_OPPOSITE = {"send": "recv", "recv": "send"}
+
+
+def axis_of(desc: str) -> str | None:
+    """The mesh axis torch's group description names: ``mesh_tp`` -> ``tp``, ``default_pg`` -> ``default``."""
+    if desc == "default_pg":
+        return "default"
+    if desc.startswith("mesh_"):
+        return desc[len("mesh_") :]
+    return desc if desc and desc not in ("undefined", "unknown") else None
+
+
+@dataclass
+class GroupState:
+    """One process group across the ranks that dumped: who is at which collective."""
+
+    name: str
+    ranks: Sequence[int]  # members, in group-rank order where torch or the shim gave it (a tuple once merged)
+    axes: list[str]
+    desc: str = ""
+    last: dict[int, int] = field(default_factory=dict)  # rank -> last collective number entered (0: none)
+    entries: dict[int, Entry] = field(default_factory=dict)  # rank -> that collective's entry
+    missing: list[int] = field(default_factory=list)  # members without a dump
+    out_of_reach: list[int] = field(default_factory=list)  # silent ranks whose buffer does not reach back
+    # (numbers, signature ids) as bytes -> [numbers, ids, ranks]: ranks with the same history share one
+    variants: dict[bytes, list[Any]] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        """``"dp_shard (also dp), ranks 0-7"``: the mesh axes first, the process-group name if none."""
+        axes = self.axes or [f"process group {self.name}"]
+        more = f", +{len(axes) - 3} more" if len(axes) > 3 else ""
+        also = f" (also {', '.join(axes[1:3])}{more})" if len(axes) > 1 else ""
+        return f"{axes[0]}{also}, ranks {format_ranks(self.ranks)}"
+
+    @property
+    def kind(self) -> str:
+        """What groups of the same shape share: the first axis, or ``process group`` when torch names none."""
+        return self.axes[0] if self.axes else "process group"
+
+    def group_rank(self, rank: int) -> int | None:
+        return self.ranks.index(rank) if rank in self.ranks else None
+
+    def global_rank(self, group_rank: int | None) -> int | None:
+        return self.ranks[group_rank] if group_rank is not None and 0 <= group_rank < len(self.ranks) else None
+
+
+@dataclass
+class Finding:
+    """A stall, an unfinished collective or p2p op, a missing dump or a mismatch, on one group."""
+
+    kind: str  # "stall", "not finished", "missing", "mismatch", "p2p"
+    group: GroupState
+    ranks: list[int]  # the ranks named: the laggards, the missing, those that differ, or the peer that did not act
+    seq: int
+    op: str
+    waiting: list[int]
+    waited_s: float | None
+    created_ns: int
+    detail: str = ""
+
+    def line(self) -> str:
+        """The one line that names the rank(s)."""
+        who = f"rank{'s' * (len(self.ranks) > 1)} {format_ranks(self.ranks)}"
+        waiters = f"rank{'s' * (len(self.waiting) > 1)} {format_ranks(self.waiting)}" if self.waiting else ""
+        waited = f" waited {self.waited_s:.1f} s" if self.waited_s is not None else " waited"
+        where = f"{self.op} #{self.seq} on {self.group.label}"
+        if self.kind == "stall":
+            return f"{who} did not enter {where}, in which {waiters}{waited}"
+        if self.kind == "p2p":
+            return f"{who} {self.detail} on {self.group.label}"
+        if self.kind == "not finished" and not self.waiting:
+            took = f" (running {self.waited_s:.1f} s when dumped)" if self.waited_s is not None else ""
+            return f"{who} did not finish {where}: every member entered it, none finished{took}"
+        if self.kind == "not finished":
+            return f"{who} did not finish {where}, which {waiters} finished"
+        if self.kind == "missing":
+            if not self.waiting:
+                return f"no dump from {who}: {self.detail}"
+            return f"no dump from {who}: {waiters} {'were' if len(self.waiting) > 1 else 'was'} last in {where}" + (
+                f" ({waited.strip()})" if self.waited_s is not None else ""
+            )
+        if " where " in self.detail:  # the odd ones out
+            return f"{who} {'differs' if len(self.ranks) == 1 else 'differ'} on {where}: {self.detail}"
+        return f"{who} disagree on {where}: {self.detail}"
+
+
+@dataclass
+class Analysis:
+    """Findings (first: the one to act on), every group, the ranks without a dump, and the dumps themselves."""
+
+    findings: list[Finding]
+    groups: list[GroupState]
+    missing: list[int]
+    dumps: dict[int, RankDump]
+    world_size: int
+
+
+def pg_status_counts_done(dump: RankDump, entry: Entry) -> bool | None:
+    """What torch's ``pg_status`` says of ``entry``'s group: counted as completed (a hint only: NCCL counts p2p
+    work in it, Gloo counts a timed-out collective); None where the dump has no status for the group."""
+    status = dump.pg_status.get(entry.pg_id)
+    if not isinstance(status, dict) or "last_completed_collective" not in status:
+        return None
+    return int(status["last_completed_collective"]) >= entry.seq
+
+
+# --- merging the dumps, one at a time ------------------------------------------------------------------------------
+
+
+class _Signatures:
+    """Every distinct (profiling name, sizes) across the dumps, numbered once."""
+
+    def __init__(self) -> None:
+        self.ids: dict[tuple[str, str], int] = {}
+        self.table: list[tuple[str, str]] = []
+        self._seen: dict[tuple[tuple[str, str], ...], list[int]] = {}
+
+    def global_ids(self, local: list[tuple[str, str]]) -> list[int]:
+        key = tuple(local)
+        found = self._seen.get(key)
+        if found is None:
+            found = self._seen[key] = [self._id(sig) for sig in local]
+        return found
+
+    def _id(self, sig: tuple[str, str]) -> int:
+        if sig not in self.ids:
+            self.ids[sig] = len(self.table)
+            self.table.append(sig)
+        return self.ids[sig]
+
+
+def _merge(found: dict[str, GroupState], dump: RankDump, sigs: _Signatures) -> None:
+    mapping = sigs.global_ids(dump.sig_table)
+    identity = mapping == list(range(len(mapping)))
+    for name, facts in dump.groups.items():
+        ranks = facts.get("ranks") or ()  # a range or a tuple (loader.compact_ranks): the same one compares at once
+        state = found.get(name)
+        if state is None:
+            state = found[name] = GroupState(name, ranks, [], str(facts.get("desc") or ""))
+        elif ranks != state.ranks and not set(ranks) <= set(state.ranks):
+            # the fullest list keeps torch's group order; members seen only in entries join sorted
+            state.ranks = ranks if set(state.ranks) <= set(ranks) else tuple(sorted({*state.ranks, *ranks}))
+        for axis in facts.get("axes") or []:
+            if axis not in state.axes:
+                state.axes.append(axis)
+        state.desc = state.desc or str(facts.get("desc") or "")
+        entry = dump.last.get(name)
+        state.last[dump.rank] = entry.seq if entry else 0
+        if entry is not None:
+            state.entries[dump.rank] = entry
+        if name in dump.signatures:
+            seqs, ids = dump.signatures[name]
+            if not identity:
+                ids = array.array("q", [mapping[i] for i in ids])
+            key = seqs.tobytes() + b"|" + ids.tobytes()
+            variant = state.variants.get(key)
+            if variant is None:
+                variant = state.variants[key] = [seqs, ids, []]
+            variant[2].append(dump.rank)
+    dump.signatures = {}  # merged: the per-rank copy is no longer needed
+
+
+def _finish_groups(found: dict[str, GroupState], dumps: dict[int, RankDump], world: int) -> list[GroupState]:
+    for state in found.values():
+        # torch's default group is the world, whatever a Gloo pg_config says
+        state.ranks = tuple(range(world)) if state.desc == "default_pg" else tuple(state.ranks)
+        if not state.axes and (axis := axis_of(state.desc)):
+            state.axes.append(axis)
+        state.missing = [r for r in state.ranks if r not in dumps]
+        for rank in state.ranks:
+            if rank in dumps:
+                state.last.setdefault(rank, 0)
+    return sorted(found.values(), key=lambda s: (-len(s.ranks), s.ranks, s.name))
+
+
+# --- findings ------------------------------------------------------------------------------------------------------
+
+
+def _show(sig: tuple[str, str]) -> tuple[str, str]:
+    """A signature as ``(op, sizes)`` text: ``("nccl:broadcast", "[[4]]")`` -> ``("broadcast", "[[4]]")``."""
+    name, sizes = sig
+    ops = "+".join(part.partition(":")[2].partition(" ")[0] or part for part in name.split("+"))
+    return ops, sizes
+
+
+def _deviations(state: GroupState) -> dict[int, dict[int, list[int]]]:
+    """``{seq: {signature id: ranks}}`` at the numbers where the ranks' histories disagree."""
+    variants = list(state.variants.values())
+    if len(variants) < 2:
+        return {}
+    reference: dict[int, int] = {}
+    for seqs, ids, _ in variants:
+        for seq, sig in zip(seqs, ids, strict=True):
+            reference.setdefault(seq, sig)
+    differing = {seq for seqs, ids, _ in variants for seq, sig in zip(seqs, ids, strict=True) if reference[seq] != sig}
+    out: dict[int, dict[int, list[int]]] = {}
+    for seqs, ids, ranks in variants:
+        for seq, sig in zip(seqs, ids, strict=True):
+            if seq in differing:
+                out.setdefault(seq, {}).setdefault(sig, []).extend(ranks)
+    return out
+
+
+def _mismatch(state: GroupState, table: list[tuple[str, str]]) -> Finding | None:
+    deviations = _deviations(state)
+    for seq in sorted(deviations):
+        by_sig = {table[sig]: sorted(ranks) for sig, ranks in deviations[seq].items()}
+        ops = {_show(sig)[0] for sig in by_sig}
+        if len(ops) == 1 and not any(k in next(iter(ops)) for k in _SAME_SIZES):
+            continue  # sizes may differ for this op
+        what, pick = ("op", 0) if len(ops) > 1 else ("input sizes", 1)
+        entry = next((state.entries[r] for r in state.ranks if r in state.entries), None)
+        created = entry.created_ns if entry else 0
+        counts = sorted((len(ranks), sig) for sig, ranks in by_sig.items())
+        if counts[-1][0] > counts[-2][0]:  # a majority: name the odd ones out
+            major = counts[-1][1]
+            odd = sorted(r for sig, ranks in by_sig.items() if sig != major for r in ranks)
+            shown = "; ".join(f"{_show(sig)[pick]} ({_ranks(rs)})" for sig, rs in by_sig.items() if sig != major)
+            detail = f"{what} {shown} where ranks {format_ranks(by_sig[major])} have {_show(major)[pick]}"
+            return Finding("mismatch", state, odd, seq, _show(major)[0], [], None, created, detail)
+        of_rank = {r: sig for sig, rs in by_sig.items() for r in rs}
+        shown = "; ".join(f"rank {r}: {_show(of_rank[r])[pick]}" for r in sorted(of_rank))
+        first_op = _show(of_rank[min(of_rank)])[0]
+        return Finding("mismatch", state, sorted(of_rank), seq, first_op, [], None, created, f"{what} {shown}")
+    return None
+
+
+def _ranks(ranks: list[int]) -> str:
+    return f"rank{'s' * (len(ranks) > 1)} {format_ranks(ranks)}"
+
+
+def _waited(dumps: dict[int, RankDump], waiting: list[int], state: GroupState) -> float | None:
+    waits = []
+    for rank in waiting:
+        entry = state.entries[rank]
+        end = dumps[rank].dump_time_ns
+        if end is not None:
+            waits.append((end - entry.created_ns) / 1e9)
+        elif not entry.done and entry.timeout_ms:  # torch's own dump, written on the timeout: at least that long
+            waits.append(entry.timeout_ms / 1000)
+    return max(waits) if waits else None
+
+
+def _same_op(a: Entry | None, b: Entry | None) -> bool:
+    return a is not None and b is not None and (a.group, a.seq, a.is_p2p) == (b.group, b.seq, b.is_p2p)
+
+
+def _silent_rank_out_of_reach(dump: RankDump, state: GroupState, top_created: int) -> bool:
+    """A rank with no entry of the group, whose wrapped buffer starts after the collective began elsewhere."""
+    if state.last.get(dump.rank, 0) > 0 or not dump.wrapped or dump.oldest_ns is None:
+        return False
+    return dump.oldest_ns > top_created
+
+
+def _stall(dumps: dict[int, RankDump], state: GroupState) -> Finding | None:
+    present = [r for r in state.ranks if r in dumps]
+    top = max((state.last.get(r, 0) for r in present), default=0)
+    if top == 0:
+        return None
+    waiting = [r for r in present if state.last.get(r, 0) == top]
+    entry = state.entries[waiting[0]]
+    top_created = min(state.entries[r].created_ns for r in waiting)
+    state.out_of_reach = [
+        r for r in present if state.last.get(r, 0) < top and _silent_rank_out_of_reach(dumps[r], state, top_created)
+    ]
+    behind = [r for r in present if state.last.get(r, 0) < top and r not in state.out_of_reach]
+    created = entry.created_ns
+    if behind:
+        return Finding("stall", state, behind, top, entry.op, waiting, _waited(dumps, waiting, state), created)
+    if state.out_of_reach:
+        return None  # the silent ranks may well have entered it: their buffers do not reach back that far
+    done = [r for r in waiting if state.entries[r].done]
+    unfinished = [r for r in waiting if not state.entries[r].done]
+    tracking = [r for r in unfinished if dumps[r].tracks_completion]
+    if done and tracking:
+        return Finding("not finished", state, tracking, top, entry.op, done, None, created)
+    if not done and not state.missing and tracking:
+        # every member entered it and none finished: a collective that hangs or runs past its timeout (on a
+        # one-rank group, the only finding there can be)
+        return Finding("not finished", state, unfinished, top, entry.op, [], _waited(dumps, waiting, state), created)
+    latest = [r for r in waiting if _same_op(dumps[r].latest, state.entries[r])]
+    if state.missing and (unfinished or latest):  # the others were still in it, or it was their last, when they dumped
+        waited = _waited(dumps, waiting, state)
+        return Finding("missing", state, list(state.missing), top, entry.op, waiting, waited, created)
+    return None
+
+
+def _p2p_peer_did_its_side(op: Entry, mine: int, peer: RankDump, state: GroupState) -> bool | None:
+    """Whether ``peer`` posted the match of ``mine``'s unfinished send or recv ``op`` (None: its buffer cannot tell)."""
+    theirs = peer.p2p_last.get((state.name, _OPPOSITE[op.op], state.group_rank(mine)))
+    if theirs is None:
+        return None if peer.wrapped and peer.oldest_ns is not None and peer.oldest_ns > op.created_ns else False
+    if not theirs.done:
+        return True  # posted, and waiting too
+    return theirs.completed_ns is not None and theirs.completed_ns >= op.created_ns
+
+
+def _p2p(dumps: dict[int, RankDump], groups: dict[str, GroupState]) -> list[Finding]:
+    blamed: dict[tuple[str, int], list[tuple[int, Entry]]] = {}
+    for rank, dump in dumps.items():
+        for op in dump.pending_p2p:
+            state = groups.get(op.group)
+            peer = state.global_rank(op.peer) if state and op.op in _OPPOSITE else None
+            if state is None or peer is None or peer not in dumps:
+                continue  # a peer without a dump: the missing-dump finding names it
+            if _p2p_peer_did_its_side(op, rank, dumps[peer], state) is False:
+                blamed.setdefault((op.group, peer), []).append((rank, op))
+    findings = []
+    for (group, culprit), waits in blamed.items():
+        parts = []
+        for rank, op in sorted(waits, key=lambda w: (w[0], w[1].op)):
+            verb = "send to" if op.op == "recv" else "receive from"
+            batch = " of a batch_isend_irecv" if op.batched else ""
+            parts.append(f"did not {verb} rank {rank}, which waited in its {op.op} #{op.seq}{batch}")
+        first = min(op.created_ns for _, op in waits)
+        waiting = sorted({rank for rank, _ in waits})
+        op = waits[0][1]
+        kind = "send" if op.op == "recv" else "recv"
+        findings.append(Finding("p2p", groups[group], [culprit], op.seq, kind, waiting, None, first, "; ".join(parts)))
+    return findings
+
+
+def _world_missing(
+    missing: list[int], groups: list[GroupState], world_size: int, dumps: dict[int, RankDump]
+) -> Finding:
+    world = GroupState("", tuple(range(world_size)), ["world"])
+    known = {r for g in groups for r in g.missing}
+    unplaced = [r for r in missing if r not in known]
+    detail = f"ranks {format_ranks(dumps)} of {world_size} dumped; no group map places rank" + (
+        f"{'s' * (len(unplaced) > 1)} {format_ranks(unplaced)}"
+    )
+    return Finding("missing", world, unplaced, 0, "", [], None, 0, detail)
+
+
+def _order(findings: list[Finding]) -> list[Finding]:
+    """Mismatch, missing dump, then culprits that wait on no one before those that wait (a cascade's victims)."""
+    waiting = {r for f in findings for r in f.waiting}
+    return sorted(findings, key=lambda f: (_PRIORITY[f.kind], all(r in waiting for r in f.ranks), f.created_ns))
+
+
+def analyse(dumps_in: Iterable[RankDump], world_size: int | None = None) -> Analysis:
+    """Merge the dumps as they come (each is reduced once merged) and find who did not join."""
+    found: dict[str, GroupState] = {}
+    dumps: dict[int, RankDump] = {}
+    sigs = _Signatures()
+    for dump in dumps_in:
+        dumps[dump.rank] = dump
+        _merge(found, dump, sigs)
+    sizes = [d.world_size for d in dumps.values() if d.world_size]
+    members = {r for g in found.values() for r in g.ranks}
+    world = max([world_size or 0, *sizes, max(members, default=-1) + 1, max(dumps, default=-1) + 1])
+    groups = _finish_groups(found, dumps, world)
+    findings = [f for s in groups for f in (_mismatch(s, sigs.table), _stall(dumps, s)) if f is not None]
+    findings += _p2p(dumps, {g.name: g for g in groups})
+    missing = [r for r in range(world) if r not in dumps]
+    if any(r not in {m for g in groups for m in g.missing} for r in missing):
+        findings.append(_world_missing(missing, groups, world, dumps))
+    return Analysis(_order(findings), groups, missing, dumps, world)

@@ -1,0 +1,200 @@
+"""The report as text (first line, then readable details at any size) and as JSON (everything).
+
+Text: the first line names the culprit ranks, the op and the group. Then the groups by shape
+(``tp: 128 groups of 8, all at #1000 but one``), each group that disagrees in full with its ranks
+as ranges, the other findings, the dumps (one line each up to :data:`DUMPS_IN_FULL`, a summary
+beyond), and torch's analyzer in one line. JSON keeps every group, rank and finding.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from nemo_rl_shim.cli.hang_report.analysis import Analysis, Finding, GroupState, pg_status_counts_done
+from nemo_rl_shim.rank_ranges import format_ranks
+
+__all__ = ["DUMPS_IN_FULL", "finding_json", "render_text", "report_json", "torch_line"]
+
+#: Up to this many dumps, one line each; beyond, one summary line.
+DUMPS_IN_FULL = 16
+
+
+def _ranks(ranks: Any) -> str:
+    ranks = list(ranks)
+    return f"rank{'s' * (len(ranks) > 1)} {format_ranks(ranks)}"
+
+
+def _named_groups(analysis: Analysis) -> set[str]:
+    return {f.group.name for f in analysis.findings}
+
+
+def _agrees(group: GroupState, flagged: set[str]) -> bool:
+    present = [r for r in group.ranks if r in group.last]
+    counted = {group.last[r] for r in present if r not in group.out_of_reach}
+    return group.name not in flagged and not group.missing and len(counted) <= 1
+
+
+def _top(group: GroupState) -> int:
+    return max(group.last.values(), default=0)
+
+
+def _at(values: list[int]) -> str:
+    low, high = min(values), max(values)
+    if high == 0:
+        return "no collective recorded"
+    return f"#{low}" if low == high else f"#{low}-#{high}"
+
+
+def _shape_lines(analysis: Analysis) -> list[str]:
+    """One line per kind and size of group; each disagreeing group below it, in full."""
+    flagged = _named_groups(analysis)
+    shapes: dict[tuple[str, int], list[GroupState]] = {}
+    for group in analysis.groups:
+        if group.name and len(group.ranks) > 1:
+            shapes.setdefault((group.kind, len(group.ranks)), []).append(group)
+    lines = []
+    for (kind, size), groups in shapes.items():
+        good = [g for g in groups if _agrees(g, flagged)]
+        bad = [g for g in groups if not _agrees(g, flagged)]
+        count = f"{len(groups)} group{'s' * (len(groups) > 1)} of {size}"
+        if good:
+            tops = [_top(g) for g in good]
+            at = _at(tops) if max(tops) == 0 else ("all at " if len(set(tops)) == 1 else "at ") + _at(tops)
+            but = "" if not bad else f" but {'one' if len(bad) == 1 else len(bad)}"
+            lines.append(f"  {kind}: {count}, {at}{but}")
+        else:
+            lines.append(f"  {kind}: {count}, {'disagreeing' if len(groups) > 1 else 'disagrees'}")
+        lines += [f"    {_group_line(g)}" for g in bad]
+    return lines
+
+
+def _group_line(group: GroupState) -> str:
+    """``tp, ranks 512-519 (process group 65): rank 517 at #999 all_reduce; ranks 512-516, 518-519 at #1000 ...``."""
+    at: dict[tuple[int, str], list[int]] = {}
+    for rank in group.ranks:
+        if rank not in group.last:
+            continue
+        entry = group.entries.get(rank)
+        op = entry.op if entry else "(no collective yet)"
+        at.setdefault((group.last[rank], op), []).append(rank)
+    parts = [f"{_ranks(ranks)} at #{seq} {op}" for (seq, op), ranks in sorted(at.items())]
+    if group.out_of_reach:
+        parts.append(f"{_ranks(group.out_of_reach)}: out of reach (buffer wrapped)")
+    if group.missing:
+        parts.append(f"{_ranks(group.missing)}: no dump")
+    return f"{group.label} (process group {group.name}): {'; '.join(parts)}"
+
+
+def _dump_lines(analysis: Analysis, directory: Path) -> list[str]:
+    dumps = sorted(analysis.dumps.values(), key=lambda d: d.rank)
+    lines = []
+    if len(dumps) <= DUMPS_IN_FULL:
+        for dump in dumps:
+            why = f": {dump.reason}" if dump.reason else ""
+            name = dump.path.relative_to(directory) if dump.path.is_relative_to(directory) else dump.path
+            lines.append(f"  rank {dump.rank}: {name}, {dump.n_entries} entries, written by {dump.writer}{why}")
+    else:
+        writers = Counter(d.writer for d in dumps)
+        versions = Counter(d.version for d in dumps)
+        wrapped = [d.rank for d in dumps if d.wrapped]
+        lines.append(
+            f"  {len(dumps)} dumps ({_ranks(d.rank for d in dumps)}), {sum(d.n_entries for d in dumps):,} entries;"
+            f" written by {', '.join(f'{w} ({n})' for w, n in writers.items())};"
+            f" format {', '.join(f'{v or chr(63)} ({n})' for v, n in versions.items())}"
+            + (f"; buffers wrapped on {_ranks(wrapped)}" if wrapped else "")
+        )
+    if analysis.missing:
+        lines.append(f"  no dump from {_ranks(analysis.missing)}")
+    return lines
+
+
+def torch_line(facts: dict[str, Any]) -> str:
+    """torch's analyzer in one line: what it flagged, or why it did not run."""
+    if facts.get("ran"):
+        flagged = ", ".join(
+            f"{c['op']} #{c['seq']} ({c['mismatch'] or 'missing ranks ' + format_ranks(c['missing_ranks'])})"
+            for c in facts["flagged"][:5]
+        )
+        more = f", +{len(facts['flagged']) - 5} more" if len(facts["flagged"]) > 5 else ""
+        return (
+            f"torch {facts['torch']} analyzer: ran, matched {facts['collectives']} collectives, flagged "
+            f"{len(facts['flagged'])}" + (f": {flagged}{more}" if flagged else "")
+        )
+    if facts.get("outcome") == "skipped":
+        return f"torch {facts['torch']} analyzer: {facts['error']}"
+    return f"torch {facts['torch']} analyzer: did not run: {facts['error']}"
+
+
+def render_text(line: str, analysis: Analysis, directory: Path, torch_facts: dict[str, Any]) -> str:
+    """The text ``nemo-rl-shim hang-report`` prints."""
+    lines = [line, "", "groups:", *_shape_lines(analysis)]
+    if len(analysis.findings) > 1:
+        lines += ["", "also:"] + [f"  {f.line()}" for f in analysis.findings[1:6]]
+        if len(analysis.findings) > 6:
+            lines.append(f"  ... {len(analysis.findings) - 6} more (--json has every one)")
+    lines += ["", "dumps:", *_dump_lines(analysis, directory), torch_line(torch_facts)]
+    return "\n".join(lines)
+
+
+def finding_json(f: Finding, analysis: Analysis) -> dict[str, Any]:
+    """One finding, with what ``pg_status`` says (a hint) of the entries it names."""
+    hints = {}
+    for rank in [*f.ranks, *f.waiting]:
+        entry = f.group.entries.get(rank)
+        dump = analysis.dumps.get(rank)
+        if entry is not None and dump is not None and entry.seq == f.seq:
+            hints[rank] = pg_status_counts_done(dump, entry)
+    return {
+        "kind": f.kind,
+        "ranks": f.ranks,
+        "group": f.group.name,
+        "axes": f.group.axes,
+        "group_ranks": list(f.group.ranks),
+        "op": f.op,
+        "seq": f.seq,
+        "waiting": f.waiting,
+        "waited_s": None if f.waited_s is None else round(f.waited_s, 3),
+        "detail": f.detail,
+        "pg_status_counts_done": hints,
+        "line": f.line(),
+    }
+
+
+def report_json(line: str, exit_code: int, analysis: Analysis, directory: Path, torch_facts: dict[str, Any]) -> dict:
+    """Everything: every finding, group and rank."""
+    return {
+        "line": line,
+        "exit_code": exit_code,
+        "directory": str(directory),
+        "world_size": analysis.world_size,
+        "missing_dumps": analysis.missing,
+        "findings": [finding_json(f, analysis) for f in analysis.findings],
+        "groups": [
+            {
+                "name": g.name,
+                "axes": g.axes,
+                "desc": g.desc,
+                "ranks": list(g.ranks),
+                "last_seq": g.last,
+                "missing": g.missing,
+                "out_of_reach": g.out_of_reach,
+            }
+            for g in analysis.groups
+        ],
+        "dumps": {
+            d.rank: {
+                "file": str(d.path.relative_to(directory) if d.path.is_relative_to(directory) else d.path),
+                "writer": d.writer,
+                "reason": d.reason,
+                "entries": d.n_entries,
+                "version": d.version,
+                "backend": d.backend,
+                "wrapped": d.wrapped,
+                "pending_p2p": len(d.pending_p2p),
+            }
+            for d in sorted(analysis.dumps.values(), key=lambda d: d.rank)
+        },
+        "torch_analyzer": {k: v for k, v in torch_facts.items() if k != "log"},
+    }

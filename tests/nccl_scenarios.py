@@ -1,0 +1,220 @@
+"""The NCCL-format scenarios of #22, each written as a folder of dumps (:mod:`tests.nccl_format_dumps`).
+
+Each builder plays every rank's ops in the order they happen on one :class:`~tests.nccl_format_dumps.Clock`
+and writes the dumps torch's watchdog would leave; :data:`EXPECTED` holds the first line each must give.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from tests.nccl_format_dumps import Clock, Group, Rank, write
+
+__all__ = ["EXPECTED", "SCENARIOS", "build"]
+
+DEFAULT4 = Group("0", "default_pg", (0, 1, 2, 3))
+
+
+def _ranks(n: int, groups_of: Callable[[int], list[Group]], timing: bool = False) -> tuple[Clock, list[Rank]]:
+    clock = Clock()
+    return clock, [Rank(r, groups_of(r), clock, timing=timing) for r in range(n)]
+
+
+def _write_all(directory: Path, ranks: list[Rank], buffer: int | None = None, skip: tuple[int, ...] = ()) -> None:
+    for rank in ranks:
+        if rank.rank not in skip:
+            write(directory, rank, buffer=buffer)
+
+
+def sub_group_stall(directory: Path) -> None:
+    """tp groups {0, 1}, {2, 3} (DeviceMesh's ``mesh_tp``), timing on; rank 3 never enters tp all_reduce #3."""
+    tp = [Group("1", "mesh_tp", (0, 1)), Group("2", "mesh_tp", (2, 3))]
+    clock, ranks = _ranks(4, lambda r: [DEFAULT4, tp[r // 2]], timing=True)
+    for step in range(3):
+        for rank in ranks:
+            if rank.rank == 3 and step == 2:
+                continue
+            rank.collective(tp[rank.rank // 2], state="started" if rank.rank == 2 and step == 2 else "completed")
+        clock.settle()
+    _write_all(directory, ranks)
+
+
+def p2p_stall(directory: Path) -> None:
+    """A pipeline 0 -> 1 -> 2 -> 3 of plain send/recv, 3 rounds; in the last, rank 2 never sends to rank 3."""
+    clock, ranks = _ranks(4, lambda r: [DEFAULT4])
+    for step in range(3):
+        for src in range(3):
+            if src == 2 and step == 2:
+                ranks[3].recv(DEFAULT4, 2, state="scheduled")
+                continue
+            ranks[src].send(DEFAULT4, src + 1)
+            ranks[src + 1].recv(DEFAULT4, src)
+        clock.settle()
+    _write_all(directory, ranks)
+
+
+def batched_p2p_stall(directory: Path) -> None:
+    """A ring of batch_isend_irecv (ring attention's shape), 3 rounds; in the last, rank 2 never posts its batch."""
+    clock, ranks = _ranks(4, lambda r: [DEFAULT4])
+    for step in range(3):
+        for rank in ranks:
+            r = rank.rank
+            if step == 2 and r == 2:
+                continue
+            stuck = step == 2 and r in (1, 3)  # rank 1 sends to 2, rank 3 receives from 2
+            rank.batch(
+                DEFAULT4, [("send", (r + 1) % 4), ("recv", (r - 1) % 4)], state="scheduled" if stuck else "completed"
+            )
+        clock.settle()
+    _write_all(directory, ranks)
+
+
+def unfinished_after_p2p(directory: Path) -> None:
+    """Two all_reduces, pipeline p2p traffic on the same group, then all_reduce #3 that every rank entered and none
+    finished; NCCL's ``last_completed_collective`` counts the p2p work too, and reads past #3."""
+    clock, ranks = _ranks(4, lambda r: [DEFAULT4], timing=True)
+    for _ in range(2):
+        for rank in ranks:
+            rank.collective(DEFAULT4)
+        clock.settle()
+    for _ in range(9):  # ranks 1 and 2: 18 p2p ops each, and their counters read 20
+        for src in range(3):
+            ranks[src].send(DEFAULT4, src + 1)
+            ranks[src + 1].recv(DEFAULT4, src)
+        clock.settle()
+    for rank in ranks:
+        rank.collective(DEFAULT4, state="started")
+    _write_all(directory, ranks)
+
+
+def _wrapping(stall: bool) -> Callable[[Path], None]:
+    def build(directory: Path) -> None:
+        """The default group's 5 all_reduces are out of ranks 0-1's 20-entry buffers (their p2p traffic pushed
+        them out), still in ranks 2-3's. With ``stall``, rank 3 then never enters tp all_reduce #2 on {2, 3}."""
+        pp = [Group("1", "mesh_pp", (0, 1)), Group("2", "mesh_pp", (2, 3))]
+        tp = [Group("3", "mesh_tp", (0, 1)), Group("4", "mesh_tp", (2, 3))]
+        clock, ranks = _ranks(4, lambda r: [DEFAULT4, pp[r // 2], tp[r // 2]])
+        for _ in range(5):
+            for rank in ranks:
+                rank.collective(DEFAULT4)
+            clock.settle()
+        for rounds, pair in ((30, (0, 1)), (3, (2, 3))):
+            for _ in range(rounds):
+                ranks[pair[0]].send(pp[pair[0] // 2], pair[1])
+                ranks[pair[1]].recv(pp[pair[0] // 2], pair[0])
+                clock.settle()
+        for step in range(2):
+            for rank in ranks:
+                if stall and step == 1 and rank.rank == 3:
+                    continue
+                rank.collective(
+                    tp[rank.rank // 2], state="scheduled" if stall and step == 1 and rank.rank == 2 else "completed"
+                )
+            clock.settle()
+        _write_all(directory, ranks, buffer=20)
+
+    return build
+
+
+def dead_rank_cascade(directory: Path) -> None:
+    """16 ranks, tp 4 x dp 4; rank 11 dies before tp all_reduce #3 (no dump): ranks 8-10 wait in it, and never reach
+    dp all_reduce #3, in which their dp peers then wait on them."""
+    tp = [Group(str(1 + i), "mesh_tp", tuple(range(4 * i, 4 * i + 4))) for i in range(4)]
+    dp = [Group(str(5 + j), "mesh_dp", tuple(range(j, 16, 4))) for j in range(4)]
+    default = Group("0", "default_pg", tuple(range(16)))
+    clock, ranks = _ranks(16, lambda r: [default, tp[r // 4], dp[r % 4]], timing=True)
+    for step in range(3):
+        for rank in ranks:
+            if step == 2 and rank.rank == 11:
+                continue
+            rank.collective(
+                tp[rank.rank // 4], state="started" if step == 2 and rank.rank in (8, 9, 10) else "completed"
+            )
+        for rank in ranks:
+            if step == 2 and rank.rank in (8, 9, 10, 11):
+                continue
+            rank.collective(dp[rank.rank % 4], state="started" if step == 2 else "completed")
+        clock.settle()
+    _write_all(directory, ranks, skip=(11,))
+
+
+def mismatch(directory: Path) -> None:
+    """Four ranks; at collective #2 rank 2 calls all_gather where the others call all_reduce."""
+    clock, ranks = _ranks(4, lambda r: [DEFAULT4])
+    for rank in ranks:
+        rank.collective(DEFAULT4)
+    clock.settle()
+    for rank in ranks:
+        rank.collective(DEFAULT4, op="all_gather" if rank.rank == 2 else "all_reduce", state="scheduled")
+    _write_all(directory, ranks)
+
+
+def healthy(directory: Path) -> None:
+    """Collectives and batched p2p on every rank, all completed."""
+    clock, ranks = _ranks(4, lambda r: [DEFAULT4])
+    for _ in range(3):
+        for rank in ranks:
+            rank.collective(DEFAULT4)
+        clock.settle()
+        for rank in ranks:
+            rank.batch(DEFAULT4, [("send", (rank.rank + 1) % 4), ("recv", (rank.rank - 1) % 4)])
+        clock.settle()
+    _write_all(directory, ranks)
+
+
+def per_node(directory: Path) -> None:
+    """The sub-group stall, its dumps gathered per node: ``node0/`` ranks 0-1, ``node1/`` ranks 2-3."""
+    flat = directory / ".flat"
+    sub_group_stall(flat)
+    for path in sorted(flat.iterdir()):
+        rank = int(path.name.rsplit("_", 1)[1])
+        target = directory / f"node{rank // 2}"
+        target.mkdir(parents=True, exist_ok=True)
+        path.rename(target / path.name)
+    flat.rmdir()
+
+
+SCENARIOS: dict[str, Callable[[Path], None]] = {
+    "sub_group_stall": sub_group_stall,
+    "p2p_stall": p2p_stall,
+    "batched_p2p_stall": batched_p2p_stall,
+    "unfinished_after_p2p": unfinished_after_p2p,
+    "wrapped_healthy": _wrapping(stall=False),
+    "wrapped_stall": _wrapping(stall=True),
+    "dead_rank_cascade": dead_rank_cascade,
+    "mismatch": mismatch,
+    "healthy": healthy,
+    "per_node": per_node,
+}
+
+#: scenario -> (exit code, the start of the first line)
+EXPECTED: dict[str, tuple[int, str]] = {
+    "sub_group_stall": (1, "rank 3 did not enter all_reduce #3 on tp, ranks 2-3, in which rank 2 waited 600.0 s"),
+    "p2p_stall": (1, "rank 2 did not send to rank 3, which waited in its recv #3 on default, ranks 0-3"),
+    "batched_p2p_stall": (
+        1,
+        "rank 2 did not receive from rank 1, which waited in its send #3 of a batch_isend_irecv; did not send to "
+        "rank 3, which waited in its recv #3 of a batch_isend_irecv on default, ranks 0-3",
+    ),
+    "unfinished_after_p2p": (
+        1,
+        "ranks 0-3 did not finish all_reduce #3 on default, ranks 0-3: every member entered it, none finished",
+    ),
+    "wrapped_healthy": (0, "every rank agrees: 4 dumps"),
+    "wrapped_stall": (1, "rank 3 did not enter all_reduce #2 on tp, ranks 2-3, in which rank 2 waited 600.0 s"),
+    "dead_rank_cascade": (1, "no dump from rank 11: ranks 8-10 were last in all_reduce #3 on tp, ranks 8-11"),
+    "mismatch": (
+        1,
+        "rank 2 differs on all_reduce #2 on default, ranks 0-3: op all_gather (rank 2) where ranks 0-1, 3 have "
+        "all_reduce",
+    ),
+    "healthy": (0, "every rank agrees: 4 dumps"),
+    "per_node": (1, "rank 3 did not enter all_reduce #3 on tp, ranks 2-3, in which rank 2 waited 600.0 s"),
+}
+
+
+def build(name: str, directory: Path) -> Path:
+    """Write scenario ``name`` into ``directory``; returns it."""
+    SCENARIOS[name](directory)
+    return directory
