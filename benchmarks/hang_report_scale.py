@@ -1,6 +1,6 @@
 """``hang-report`` at cluster scale: 1,024 ranks (dp 128 x tp 8) of 2,000 NCCL-format entries each, and 8,192.
 
-The dumps follow torch's NCCL schema (:mod:`tests.nccl_format_dumps`: entries key for key as
+The dumps follow torch's NCCL schema (:mod:`tests.harness.nccl_format_dumps`: entries key for key as
 ``FlightRecorderDetail.hpp`` writes them, three stack frames each, as the watchdog includes them).
 Each rank ran 1,000 tp all_reduces and 1,000 dp reduce_scatters (input 1,024 x the dp size, output
 1,024, as torch's analyzer checks them), alternating; one rank
@@ -62,7 +62,7 @@ def culprit(world: int) -> int:
 
 def generate(directory: Path, world: int) -> dict[str, Any]:
     """Write ``world`` ranks' dumps (skipped when the folder already holds them); returns size and time."""
-    from tests.nccl_format_dumps import Clock, Group, Rank, write
+    from tests.harness.nccl_format_dumps import Clock, Group, Rank, write
 
     directory.mkdir(parents=True, exist_ok=True)
     done = directory / "complete.json"

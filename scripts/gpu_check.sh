@@ -5,7 +5,7 @@
 #   1. nemo-rl-shim status                    (versions, what setup_distributed would decide)
 #   2. pytest -m gpu tests/test_gpu.py        (real NCCL + Gloo, FSDP2 CPU offload, keep-cpu-backend)
 #   3. nemo-rl-shim preflight                 (one rank per GPU when there are 2 or more)
-#   4. python -m tests.gpu_flight_recorder    (NCCL's own dump on a timeout, read by hang-report: one rank
+#   4. python -m tests.scripts.gpu_flight_recorder    (NCCL's own dump on a timeout, read by hang-report: one rank
 #                                              on one GPU, a collective held behind torch.cuda._sleep; two
 #                                              ranks with two GPUs or more, rank 1 never joining)
 #   5. python -m tests.scripts.gpu_mesh_timeouts      (two GPUs or more: set_mesh_timeouts after a mesh build without
@@ -85,7 +85,7 @@ step "$python" -m pytest -o addopts="--strict-markers -ra" -m gpu tests/test_gpu
 # preflight's own bound is shorter, so that a stuck rank is reported rather than killed.
 step "$python" -m nemo_rl_shim preflight --timeout-s "$((limit > 120 ? limit - 60 : limit))"
 # Bounded inside too: each rank at 150 s; the watchdog fires after 6 s.
-step "$python" -m tests.gpu_flight_recorder
+step "$python" -m tests.scripts.gpu_flight_recorder
 # Two GPUs or more (exit 2 with fewer); each rank bounded at 180 s, the stalled all-reduce at 12 s.
 if [ "$("$python" -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; then
     step "$python" -m tests.scripts.gpu_mesh_timeouts
@@ -94,8 +94,8 @@ else
 fi
 
 # --- hang-report on torch's own NCCL dumps (self-contained: nothing above depends on it) ---------------------------
-# 5. python -m tests.gpu_flight_recorder --torch-only: the same NCCL watchdog timeout without the shim (the
+# 5. python -m tests.scripts.gpu_flight_recorder --torch-only: the same NCCL watchdog timeout without the shim (the
 #    recorder switched on through TORCH_FR_BUFFER_SIZE, TORCH_NCCL_DUMP_ON_TIMEOUT and TORCH_FR_DUMP_TEMP_FILE
 #    alone, dumps under torch's own name nccl_trace_rank_<rank>, no group map beside them); hang-report must
 #    name the same rank from torch's dumps. Bounded inside too: each rank at 150 s, the watchdog at 6 s.
-step "$python" -m tests.gpu_flight_recorder --torch-only
+step "$python" -m tests.scripts.gpu_flight_recorder --torch-only

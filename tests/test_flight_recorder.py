@@ -1,6 +1,6 @@
 """Flight Recorder dumps from real stalls on real Gloo ranks, and ``nemo-rl-shim hang-report`` on them.
 
-Three spawned worlds, each once per module (:mod:`tests.workers_flight_recorder`), through the real
+Three spawned worlds, each once per module (:mod:`tests.ranks.flight_recorder`), through the real
 ``setup_distributed`` with ``automodel_cfg.flight_recorder`` on. Start-up timeout 0.2 min (12 s: the
 rendezvous runs under it, and ranks importing Automodel on busy cores arrive seconds apart), steady
 0.05 min (3 s), set by ``after_first_step`` before the fault where the fault is not the phase change:
@@ -28,12 +28,12 @@ from typing import Any
 import pytest
 
 from nemo_rl_shim.cli import hang_report
-from nemo_rl_shim.cli.launch import RankResult, spawn_ranks
 from nemo_rl_shim.cli.main import main
+from nemo_rl_shim.cli.preflight.spawn import RankResult, spawn_ranks
 from nemo_rl_shim.flight_recorder import DUMP_FILE_NAME, SIDECAR_NAME
-from tests.workers_flight_recorder import ANSWER_WAIT_S
+from tests.ranks.flight_recorder import ANSWER_WAIT_S
 
-pytestmark = pytest.mark.multiprocess
+pytestmark = [pytest.mark.multiprocess, pytest.mark.every_lane]
 
 STARTUP_MIN, STEADY_MIN = 0.2, 0.05
 STARTUP_S, STEADY_S = STARTUP_MIN * 60, STEADY_MIN * 60
@@ -53,7 +53,7 @@ def _world(tmp_path_factory: pytest.TempPathFactory, scenario: str, world_size: 
         **extra,
     }
     results = spawn_ranks(
-        "tests.workers_flight_recorder:run_scenario",
+        "tests.ranks.flight_recorder:run_scenario",
         params,
         world_size=world_size,
         timeout_s=SPAWN_TIMEOUT_S,

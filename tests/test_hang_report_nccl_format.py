@@ -1,8 +1,8 @@
 """``hang-report`` on dumps in the format torch's NCCL watchdog writes (NCCL cannot start here without a GPU: the
-dumps are built to torch's schema by :mod:`tests.nccl_format_dumps`; the real NCCL path runs in
+dumps are built to torch's schema by :mod:`tests.harness.nccl_format_dumps`; the real NCCL path runs in
 ``scripts/gpu_check.sh``).
 
-Every scenario of #22 (:mod:`tests.nccl_scenarios`): the first line names the culprit ranks, the op and the
+Every scenario of #22 (:mod:`tests.harness.nccl_scenarios`): the first line names the culprit ranks, the op and the
 group, with the exit code; then what each rule rests on, checked on its own: a batch's ops take their
 ``nccl:coalesced`` entry's state, ``pg_status`` never overrides an entry, a wrapped buffer's silence is out of
 reach, the dead rank goes before its waiting peers, per-node folders, the prefix in
@@ -23,8 +23,8 @@ from nemo_rl_shim.cli import hang_report
 from nemo_rl_shim.cli.hang_report import loader
 from nemo_rl_shim.cli.main import main
 from nemo_rl_shim.flight_recorder import DUMP_FILE_NAME, TORCH_DEFAULT_PREFIX
-from tests.nccl_format_dumps import Clock, Group, Rank, write
-from tests.nccl_scenarios import DEFAULT4, EXPECTED, SCENARIOS, build
+from tests.harness.nccl_format_dumps import Clock, Group, Rank, write
+from tests.harness.nccl_scenarios import DEFAULT4, EXPECTED, SCENARIOS, build
 
 
 @pytest.fixture(scope="module")

@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
-from nemo_rl_shim.cli.launch import FAILURE_GRACE_S
-from tests.at_once import run_at_once
+from nemo_rl_shim.cli.preflight.stuck import FAILURE_GRACE_S
+from tests.harness.at_once import run_at_once
 
-pytestmark = pytest.mark.multiprocess
+pytestmark = [pytest.mark.multiprocess, pytest.mark.every_lane]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 #: --timeout-s: set-up of two ranks and the 12 s timeout fit many times over (the ranks are forked from a server
@@ -46,7 +46,7 @@ def _env() -> dict[str, str]:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, dict[str, Any]]:
     base = tmp_path_factory.mktemp("hang-preflight")
-    from nemo_rl_shim.cli.launch import free_port
+    from nemo_rl_shim.cli.preflight.spawn import free_port
 
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
                 "--master-addr", "127.0.0.1", "--master-port", str(free_port())]  # fmt: skip

@@ -1,6 +1,6 @@
 """``hang-report`` on the dumps torch's own recorder writes on real Gloo ranks, with none of the shim in them.
 
-Six 4-rank worlds, each once per module (:mod:`tests.workers_torch_fr`): ``init_process_group`` and
+Six 4-rank worlds, each once per module (:mod:`tests.ranks.torch_fr`): ``init_process_group`` and
 ``new_group`` called directly, ``TORCH_FR_BUFFER_SIZE`` and ``TORCH_FR_DUMP_TEMP_FILE`` set by hand, each
 rank's dump written by torch (``_dump_fr_trace_file``) under torch's default name ``nccl_trace_rank_``.
 What torch writes there, observed and asserted below: Gloo keeps every entry ``scheduled``, its
@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 
 from nemo_rl_shim.cli import hang_report
-from nemo_rl_shim.cli.launch import free_port, spawn_ranks
 from nemo_rl_shim.cli.main import main
+from nemo_rl_shim.cli.preflight.spawn import free_port, spawn_ranks
 
-pytestmark = pytest.mark.multiprocess
+pytestmark = [pytest.mark.multiprocess, pytest.mark.every_lane]
 
 TIMEOUT_S, GRACE_S = 3, 3
 SPAWN_TIMEOUT_S = 240
@@ -37,7 +37,7 @@ def _world(tmp_path_factory: pytest.TempPathFactory, scenario: str, **extra: Any
         "CUDA_VISIBLE_DEVICES": "",
     }
     results = spawn_ranks(
-        "tests.workers_torch_fr:run_scenario", params, world_size=4, timeout_s=SPAWN_TIMEOUT_S, env=env, check=False
+        "tests.ranks.torch_fr:run_scenario", params, world_size=4, timeout_s=SPAWN_TIMEOUT_S, env=env, check=False
     )
     return {"dir": directory, "results": {r.rank: r.result for r in results}, "errors": [r.error for r in results]}
 

@@ -111,9 +111,7 @@ def _pair_line(status: dict[str, Any]) -> str:
         return f"unsupported: {status['problem']}"
     if not status["nemo_automodel_installed"]:
         return "pair: n/a without nemo-automodel"
-    tested = (
-        "inside the tested matrix" if status["tested_pair"] else "outside the tested matrix (docs/support.md)"
-    )
+    tested = "inside the tested matrix" if status["tested_pair"] else "outside the tested matrix (docs/support.md)"
     return f"pair: torch {status['torch']} x nemo-automodel {status['nemo_automodel']}: {tested}"
 
 

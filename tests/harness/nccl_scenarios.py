@@ -1,6 +1,6 @@
-"""The NCCL-format scenarios of #22, each written as a folder of dumps (:mod:`tests.nccl_format_dumps`).
+"""The NCCL-format scenarios of #22, each written as a folder of dumps (:mod:`tests.harness.nccl_format_dumps`).
 
-Each builder plays every rank's ops in the order they happen on one :class:`~tests.nccl_format_dumps.Clock`
+Each builder plays every rank's ops in the order they happen on one :class:`~tests.harness.nccl_format_dumps.Clock`
 and writes the dumps torch's watchdog would leave; :data:`EXPECTED` holds the first line each must give.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.nccl_format_dumps import Clock, Group, Rank, write
+from tests.harness.nccl_format_dumps import Clock, Group, Rank, write
 
 __all__ = ["EXPECTED", "SCENARIOS", "build"]
 

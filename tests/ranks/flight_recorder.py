@@ -1,6 +1,6 @@
 """Rank functions for tests/test_flight_recorder.py: real stalls with the Flight Recorder on, on real Gloo ranks.
 
-Each function runs on every rank started by :func:`nemo_rl_shim.cli.launch.spawn_ranks`, goes
+Each function runs on every rank started by :func:`nemo_rl_shim.cli.preflight.spawn.spawn_ranks`, goes
 through the real ``setup_distributed`` with ``automodel_cfg.flight_recorder`` on, makes one fault
 happen, and returns what it saw; the dumps land in ``params["dump_dir"]``. The stalled rank never
 enters the collective and sleeps in Python: its dump comes from the shim's watcher thread, asked

@@ -1,6 +1,6 @@
 """The NCCL path of the Flight Recorder on a GPU machine: torch dumps on a timeout by itself, hang-report reads it.
 
-Run by ``scripts/gpu_check.sh`` as ``python -m tests.gpu_flight_recorder`` (bounded; exit 0 when the
+Run by ``scripts/gpu_check.sh`` as ``python -m tests.scripts.gpu_flight_recorder`` (bounded; exit 0 when the
 report names what it should, 1 otherwise). Not a pytest file: it needs CUDA and NCCL.
 
 * One GPU (NCCL cannot put two ranks on one device): a one-rank NCCL world through the real
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from nemo_rl_shim.cli import hang_report
-    from nemo_rl_shim.cli.launch import spawn_ranks
+    from nemo_rl_shim.cli.preflight.spawn import spawn_ranks
     from nemo_rl_shim.flight_recorder import TORCH_DEFAULT_PREFIX
 
     gpus = torch.cuda.device_count()
@@ -109,9 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     nproc = args.nproc or (2 if gpus >= 2 else 1)
     with tempfile.TemporaryDirectory(prefix="nemo-rl-shim-fr-nccl-") as tmp:
         start = time.monotonic()
-        target, env = "tests.gpu_flight_recorder:rank", None
+        target, env = "tests.scripts.gpu_flight_recorder:rank", None
         if args.torch_only:
-            target = "tests.gpu_flight_recorder:torch_only_rank"
+            target = "tests.scripts.gpu_flight_recorder:torch_only_rank"
             env = {
                 "TORCH_FR_BUFFER_SIZE": "2000",
                 "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
