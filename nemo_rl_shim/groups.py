@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 import datetime
 from typing import Any
 
@@ -17,10 +19,14 @@ def _plain(name: Any) -> str:
 
 
 def flattened_axes(device_mesh: Any) -> dict[str, Any]:
-    """``{name: 1-D mesh}`` of the flattened axes recorded on the root mesh (``_flatten_mapping``, torch 2.10 and
-    later); empty on torch 2.9, where a flattened axis is reached by slicing (:func:`axis_mesh`)."""
+    """``{name: 1-D mesh}`` of the flattened axes recorded for the root mesh: its ``_flatten_mapping`` (torch 2.10
+    and later), or torch 2.9's ``_mesh_resources.root_to_flatten_mapping``."""
     root = device_mesh._get_root_mesh() if hasattr(device_mesh, "_get_root_mesh") else device_mesh
-    return dict(getattr(root, "_flatten_mapping", None) or {})
+    recorded = getattr(root, "_flatten_mapping", None)
+    if recorded is None:  # torch 2.9 keeps them in the mesh registry instead; gone in torch 2.10
+        resources = getattr(importlib.import_module("torch.distributed.device_mesh"), "_mesh_resources", None)
+        recorded = getattr(resources, "root_to_flatten_mapping", {}).get(root)
+    return dict(recorded or {})
 
 
 def axis_mesh(device_mesh: Any, name: str) -> Any:

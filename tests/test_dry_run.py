@@ -243,7 +243,8 @@ def test_a_lost_cpu_half_is_found(config: str, capfd: pytest.CaptureFixture[str]
     from nemo_rl_shim.decision import Action, Decision
 
     def forward_as_upstream(timeout_minutes: float | None, *, cpu_offload: bool, **kwargs: Any) -> Decision:
-        return Decision(Action.FORWARD, timeout_minutes, cpu_offload, "forwarded as NeMo RL does, no workaround")
+        reason = "forwarded as NeMo RL does, no workaround"
+        return Decision(Action.FORWARD, timeout_minutes, cpu_offload, reason, every_group=True)
 
     monkeypatch.setattr(distributed_setup, "decide", forward_as_upstream)
     code, report, err = _run(capfd, "--config", config, "--json", "--world", "8")
