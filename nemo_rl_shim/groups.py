@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import importlib
-
 import datetime
+import importlib
 from typing import Any
 
 import torch
