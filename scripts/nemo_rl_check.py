@@ -37,6 +37,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import tomllib
 from pathlib import Path
@@ -224,8 +225,8 @@ _COUNT = re.compile(r"(\d+) (passed|failed|error|errors|skipped|deselected)")
 
 
 def pytest(work: Path, tree: Path, label: str, *selection: str, timeout: float) -> dict[str, Any]:
-    raytmp = work / f"ray-{label}"
-    raytmp.mkdir(exist_ok=True)
+    # Short and private: Ray's socket paths under it must stay within AF_UNIX's 107 bytes.
+    raytmp = Path(tempfile.mkdtemp(prefix="nrlray"))
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env.update(RAY_TMPDIR=str(raytmp), PYTHONPATH=str(tree), HF_HOME=str(work / "hf"), PYTHONDONTWRITEBYTECODE="1")
     # The Ray head's dashboard modules get 30 s to start; on a loaded 2-core machine they took longer
@@ -246,6 +247,7 @@ def pytest(work: Path, tree: Path, label: str, *selection: str, timeout: float) 
     if "failed to start" in out and not re.search(r"\d+ passed", out):  # the Ray head, not a test: once more
         log(f"pytest {label}: the Ray head did not start; again")
         rc, out, seconds = run(cmd, cwd=tree, env=env, timeout=timeout)
+    shutil.rmtree(raytmp, ignore_errors=True)
     (work / f"pytest-{label}.log").write_text(out)
     summary = next((line for line in reversed(out.splitlines()) if re.search(r"\d+ (passed|failed|error)", line)), "")
     counts = {kind.rstrip("s") if kind == "errors" else kind: int(n) for n, kind in _COUNT.findall(summary)}
@@ -400,6 +402,12 @@ BLOCKERS = (
         "ImportError: MoEParallelizerConfig moved to nemo_automodel.components.distributed.config",
         "import it from nemo_automodel.components.distributed.config",
     ),
+    (
+        "deepseek_v3 tokenizer-blocklist",
+        "AssertionError: NeMo RL's tripwire in nemo_rl/models/policy/__init__.py: its deepseek_v3 tokenizer-blocklist "
+        "patch is for transformers <5.12",
+        "check the upstream fix and delete _patch_transformers_tokenizer_class_set (NVIDIA-NeMo/RL#2764)",
+    ),
 )
 
 
@@ -423,6 +431,9 @@ def _scratch_fix(setup: Path, key: str) -> None:
             "from nemo_automodel.components.moe.config import MoEParallelizerConfig",
             "from nemo_automodel.components.distributed.config import MoEParallelizerConfig",
         )
+    elif key == "deepseek_v3 tokenizer-blocklist":
+        policy = setup.parents[1] / "policy" / "__init__.py"
+        policy.write_text(policy.read_text().replace("\n_patch_transformers_tokenizer_class_set()\n", "\n"))
     setup.write_text(text)
 
 
@@ -448,7 +459,7 @@ def bump_blockers(work: Path, tree: Path, label: str) -> list[dict[str, str]]:
             return found
         found.append({"key": known[0], "error": error, "what": known[1], "fix": known[2]})
         if known[0] == "resolve_revision":
-            uv_pip(work / "env", "--no-deps", f"transformers=={BUMP_TRANSFORMERS}")
+            uv_pip(work / "env", f"transformers=={BUMP_TRANSFORMERS}")  # with its deps: tokenizers 0.23
         else:
             _scratch_fix(setup, known[0])
     found.append({"key": "unknown", "error": "too many blockers", "fix": "unknown"})
@@ -463,7 +474,7 @@ def bump_step(work: Path) -> dict[str, Any]:
             uv_pip(env, "--no-deps", f"nemo-automodel=={BUMP_AUTOMODEL}", "transformers==5.5.0")
             result[label] = bump_blockers(work, work / label, label)
     finally:  # the pin back, for any later step
-        uv_pip(env, "--no-deps", f"transformers=={automodel_transformers(work / 'automodel')}")
+        uv_pip(env, f"transformers=={automodel_transformers(work / 'automodel')}")
         uv_pip(env, "--no-deps", "--reinstall-package", "nemo-automodel", str(work / "automodel"))
     return result
 
