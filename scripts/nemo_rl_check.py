@@ -471,7 +471,9 @@ def bump_step(work: Path) -> dict[str, Any]:
     result: dict[str, Any] = {}
     try:
         for label in ("unpatched", "patched"):
-            uv_pip(env, "--no-deps", f"nemo-automodel=={BUMP_AUTOMODEL}", "transformers==5.5.0")
+            uv_pip(env, "--no-deps", f"nemo-automodel=={BUMP_AUTOMODEL}")
+            # With its dependencies: the previous pass left 5.18.0's tokenizers 0.23.3, which 5.5.0 refuses.
+            uv_pip(env, f"transformers=={automodel_transformers(work / 'automodel')}")
             result[label] = bump_blockers(work, work / label, label)
     finally:  # the pin back, for any later step
         uv_pip(env, f"transformers=={automodel_transformers(work / 'automodel')}")
