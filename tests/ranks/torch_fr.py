@@ -49,6 +49,12 @@ def _new_group(ranks: list[int], params: dict[str, Any], desc: str | None = None
     return dist.new_group(ranks, timeout=_timeout(params), **extra)
 
 
+def _stay_out(params: dict[str, Any], what: str = "never entered") -> str:
+    """The stalled rank's part: stay out of the op until its peers' timeout and the grace have passed."""
+    time.sleep(params["timeout_s"] + params["grace_s"])
+    return what
+
+
 def _sub_group_stall(params: dict[str, Any]) -> dict[str, Any]:
     """Groups {0, 1} and {2, 3} (described as ``tp``); rank 3 never enters the third all_reduce on {2, 3}."""
     rank = dist.get_rank()
@@ -58,8 +64,7 @@ def _sub_group_stall(params: dict[str, Any]) -> dict[str, Any]:
     out = {}
     for step in range(3):
         if rank == 3 and step == 2:
-            time.sleep(params["timeout_s"] + params["grace_s"])
-            out[f"step{step}"] = "never entered"
+            out[f"step{step}"] = _stay_out(params)
             continue
         out[f"step{step}"] = _try(lambda: dist.all_reduce(torch.ones(4), group=mine))
     return out
@@ -84,8 +89,7 @@ def _p2p_stall(params: dict[str, Any]) -> dict[str, Any]:
             results.append(_try(lambda t=tensor: dist.recv(t, src=rank - 1)))
         if rank < 3:
             if rank == 2 and step == 2:
-                time.sleep(params["timeout_s"] + params["grace_s"])
-                results.append("never sent")
+                results.append(_stay_out(params, "never sent"))
             else:
                 results.append(_try(lambda t=tensor: dist.send(t, dst=rank + 1)))
         out[f"step{step}"] = "; ".join(results)
@@ -99,8 +103,7 @@ def _batched_p2p_stall(params: dict[str, Any]) -> dict[str, Any]:
     out = {}
     for step in range(3):
         if rank == 2 and step == 2:
-            time.sleep(params["timeout_s"] + params["grace_s"])
-            out[f"step{step}"] = "never entered"
+            out[f"step{step}"] = _stay_out(params)
             continue
         send, recv = torch.ones(4), torch.zeros(4)
         ops = [dist.P2POp(dist.isend, send, (rank + 1) % world), dist.P2POp(dist.irecv, recv, (rank - 1) % world)]
