@@ -73,7 +73,7 @@ LIBRARY_LAYERS: tuple[frozenset[str], ...] = tuple(
         "integers error_line groups process_group",  # no import of the shim
         "config rank_ranges",  # the knob's values; a list of ranks as a person reads it
         "every_group flight_recorder",  # every group torch holds and the value later ones get; the recorder
-        "timeouts mesh_timeouts",  # the phases; the mesh's timeouts, read back
+        "timeouts mesh_timeouts audit",  # the phases; the mesh's timeouts, read back; every group audited
         "decision support",  # what happens to the timeout on this Automodel; which pairs run
         "distributed_setup",  # setup_distributed
         "",  # nemo_rl_shim/__init__.py: the package's names
