@@ -139,6 +139,25 @@ def test_a_backend_that_does_not_take_the_timeout_is_named(monkeypatch: pytest.M
         dist.destroy_process_group()
 
 
+@pytest.mark.multiprocess
+def test_a_half_of_a_composite_group_that_does_not_take_the_timeout_is_named() -> None:
+    """Every backend is read back, not only the first: on a ``"cpu:gloo,cuda:nccl"``-shaped group whose CPU half
+    takes the value and whose CUDA half keeps its own, ``set_mesh_timeouts`` refuses, naming the CUDA half.
+
+    One spawned rank (``tests.ranks.mesh_timeouts.composite_half_skipped``); the CUDA half is a Gloo backend
+    registered for CUDA under another name (NCCL cannot start without a GPU), so it names itself ``gloo``.
+    """
+    (result,) = spawn_ranks(
+        "tests.ranks.mesh_timeouts:composite_half_skipped", {"minutes": 2}, world_size=1, timeout_s=SPAWN_TIMEOUT_S
+    )
+    facts = result.result
+    assert facts["reuses_default_group"] is True and facts["distinct_halves"] is True, facts
+    assert facts["seconds"] == {"cpu": 120.0, "cuda": GLOO_DEFAULT_S}, facts
+    assert facts["raised"] == (
+        "group 'default': its cuda backend (gloo) reads 30 min after setting 2 min; the timeout did not reach it"
+    )
+
+
 @pytest.mark.parametrize("minutes", [0, -1, float("nan"), "5", None])
 def test_bad_minutes_are_refused_before_any_group_is_touched(minutes: Any) -> None:
     with pytest.raises(ValueError, match=r"set_mesh_timeouts minutes must be a positive"):
