@@ -158,6 +158,32 @@ def test_a_half_of_a_composite_group_that_does_not_take_the_timeout_is_named() -
     )
 
 
+def test_flattened_axes_finds_what_torch_flattened() -> None:
+    """``groups.flattened_axes`` reads the flattened meshes where this torch records them: the root mesh's
+    ``_flatten_mapping`` (torch 2.10 and later), or torch 2.9's ``_mesh_resources.root_to_flatten_mapping``.
+
+    Only the torch-2.9 lane tests the second (nemo-automodel 0.5.0 and later record their own
+    ``_flatten_mapping`` there too; a mesh torch alone flattened, as 0.4.0's and NeMo RL's are, has only
+    torch's registry). One real Gloo rank in this process.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from nemo_rl_shim.groups import axis_mesh, flattened_axes
+    from tests.ranks.fresh_group import forget_meshes
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("cp", "tp"))
+        flat = mesh[("cp", "tp")]._flatten()
+        found = flattened_axes(mesh)
+        assert list(found) == ["cp_tp"], found
+        assert found["cp_tp"].get_group() is flat.get_group()
+        assert axis_mesh(mesh, "cp_tp").get_group() is flat.get_group()
+    finally:
+        dist.destroy_process_group()
+        forget_meshes()
+
+
 @pytest.mark.parametrize("minutes", [0, -1, float("nan"), "5", None])
 def test_bad_minutes_are_refused_before_any_group_is_touched(minutes: Any) -> None:
     with pytest.raises(ValueError, match=r"set_mesh_timeouts minutes must be a positive"):

@@ -52,10 +52,13 @@ def _replica_group(context: Any) -> ProcessGroup:
 
 def _checkpoint_groups(replica: ProcessGroup) -> tuple[dict[str, ProcessGroup], str]:
     """Automodel's checkpoint Gloo groups, made by its own function where the installed release has it."""
-    make = getattr(importlib.import_module(_CHECKPOINT), "_new_gloo_process_group", None)
-    if make is None:  # nemo-automodel 0.5.0 (torch-2.9 lane): the same call it makes inline
-        world = dist.new_group(backend="gloo")
-        return {"checkpoint": world}, "new_group(backend='gloo')"
+    try:
+        make = getattr(importlib.import_module(_CHECKPOINT), "_new_gloo_process_group", None)
+        why = "it has no _new_gloo_process_group"
+    except ImportError as error:  # the torch-2.9 lane: 0.5.0's checkpointing imports a torchao that needs torch 2.10
+        make, why = None, f"it does not import here ({type(error).__name__}: {str(error)[:120]})"
+    if make is None:  # the same call Automodel's checkpointer makes
+        return {"checkpoint": dist.new_group(backend="gloo")}, f"new_group(backend='gloo'), as {_CHECKPOINT}: {why}"
     return {"checkpoint": make(None), "checkpoint_replica": make(replica)}, f"{_CHECKPOINT}._new_gloo_process_group"
 
 
