@@ -122,21 +122,29 @@ def _world() -> ProcessGroup | None:
 
 
 def _alive() -> _Following | None:
-    """The following state while its world is torch's default group; else drop it and put torch's function back."""
-    if _state is not None and _state.world is not _world():
+    """The following state while its world exists (its default group is in torch's registry); once
+    ``destroy_process_group`` cleared that, drop the state and put torch's function back."""
+    if _state is not None and _state.world not in c10d._world.pg_map:
         restore_torch_defaults()
     return _state
 
 
+def _current() -> _Following | None:
+    """The following state while its world's default group is torch's default group: not while another stands
+    in for it (``automodel_patch``'s detection probes make a one-rank group the default for one call)."""
+    state = _alive()
+    return state if state is not None and state.world is _world() else None
+
+
 def _following_default(backend: str) -> datetime.timedelta:
     """What torch's ``_get_default_timeout`` answers while the shim follows: the followed value, in its world."""
-    state = _alive()
+    state = _current()
     return state.timeout if state is not None else _torch_default(backend)
 
 
 def following() -> datetime.timedelta | None:
     """The value groups made without a timeout of their own get now; None where torch's defaults apply."""
-    state = _alive()
+    state = _current()
     return state.timeout if state is not None else None
 
 
@@ -162,7 +170,7 @@ def torch_default_timeouts(group: ProcessGroup) -> set[datetime.timedelta]:
 def group_sources(group: ProcessGroup, configured: datetime.timedelta | None = None) -> dict[str, TimeoutSource]:
     """``{device type: TimeoutSource}`` for each backend of ``group``, against ``configured`` (default: the followed
     value). A group remembered as having its own timeout is OWN on every readable backend."""
-    state = _alive()
+    state = _current()
     if configured is None and state is not None:
         configured = state.timeout
     remembered = state is not None and group in state.own
@@ -199,7 +207,7 @@ def followers(named: Mapping[str, ProcessGroup] | None = None) -> dict[str, Proc
     it judges by the value in force.
     """
     chosen = dict(named or {})
-    state = _alive()
+    state = _current()
     if state is None:
         return chosen
     seen = {id(group) for group in chosen.values()}
@@ -223,7 +231,7 @@ def set_backend_timeouts(group: ProcessGroup, timeouts: Mapping[str, datetime.ti
 
 def set_following(timeout: datetime.timedelta) -> None:
     """Change the followed value (what groups made from now on get); no group changes. Nothing while not following."""
-    state = _alive()
+    state = _current()
     if state is not None:
         state.timeout = timeout
 
@@ -248,7 +256,7 @@ def follow(timeout: datetime.timedelta, named: Mapping[str, ProcessGroup] | None
         warnings.warn(f"groups made later keep torch's default timeout: {why}", RuntimeWarning, stacklevel=2)
         return False
     current = _alive()
-    if current is None:
+    if current is None or current.world is not world:
         _state = _Following(world, timeout)
     else:
         current.timeout = timeout

@@ -253,6 +253,18 @@ def test_destroy_process_group_ends_following() -> None:
         every_group.restore_torch_defaults()
 
 
+def test_a_detection_probe_pauses_following_and_does_not_end_it(world) -> None:
+    """automodel_patch's probes make a one-rank group the default group for one call, and put the run's back."""
+    from automodel_patch._simulated_group import simulated_default_group
+
+    every_group.follow(S(seconds=STARTUP_S))
+    with simulated_default_group("gloo"):
+        assert every_group.following() is None
+        assert c10d._get_default_timeout("gloo") == S(seconds=GLOO_DEFAULT_S)
+    assert every_group.following() == S(seconds=STARTUP_S)
+    assert _seconds(dist.new_group()) == {STARTUP_S}
+
+
 def test_without_following_the_phases_move_only_the_run_groups(world) -> None:
     other = dist.new_group()
     assert list(run_groups(world)) == ["default"]
