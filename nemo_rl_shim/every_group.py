@@ -55,6 +55,7 @@ __all__ = [
     "set_backend_timeouts",
     "set_following",
     "set_group_timeout",
+    "stand_in_installed",
     "torch_default_timeouts",
 ]
 
@@ -146,6 +147,11 @@ def following() -> datetime.timedelta | None:
     """The value groups made without a timeout of their own get now; None where torch's defaults apply."""
     state = _current()
     return state.timeout if state is not None else None
+
+
+def stand_in_installed() -> bool:
+    """Whether torch's ``_get_default_timeout`` is the shim's stand-in right now (False: torch's own function)."""
+    return FOLLOW_HOOK is not None and getattr(c10d, FOLLOW_HOOK) is _following_default
 
 
 def all_groups() -> list[ProcessGroup]:
@@ -261,7 +267,7 @@ def follow(timeout: datetime.timedelta, named: Mapping[str, ProcessGroup] | None
     else:
         current.timeout = timeout
     moving = followers(named)
-    if getattr(c10d, FOLLOW_HOOK) is not _following_default:
+    if not stand_in_installed():
         _torch_function = getattr(c10d, FOLLOW_HOOK)
         setattr(c10d, FOLLOW_HOOK, _following_default)
     _set_all(moving.values(), timeout)
@@ -273,6 +279,6 @@ def restore_torch_defaults() -> None:
     global _state, _torch_function
     _state = None
     if FOLLOW_HOOK is not None and _torch_function is not None:
-        if getattr(c10d, FOLLOW_HOOK) is _following_default:
+        if stand_in_installed():
             setattr(c10d, FOLLOW_HOOK, _torch_function)
         _torch_function = None

@@ -230,10 +230,10 @@ def test_a_group_made_in_a_failed_phase_leaves_it_at_the_value_outside(world) ->
 def test_restore_torch_defaults_undoes_following(world) -> None:
     torchs = c10d._get_default_timeout
     every_group.follow(S(seconds=STARTUP_S))
-    assert c10d._get_default_timeout is not torchs
+    assert c10d._get_default_timeout is not torchs and every_group.stand_in_installed()
     every_group.restore_torch_defaults()
     every_group.restore_torch_defaults()  # twice is harmless
-    assert c10d._get_default_timeout is torchs
+    assert c10d._get_default_timeout is torchs and not every_group.stand_in_installed()
     assert every_group.following() is None
     assert _seconds(dist.new_group()) == {GLOO_DEFAULT_S}
 

@@ -17,7 +17,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
-from torch.distributed import distributed_c10d as c10d
 
 from nemo_rl_shim import every_group
 from nemo_rl_shim.audit import audit_groups
@@ -126,7 +125,7 @@ def _torch_defaults_after_teardown() -> dict[str, Any]:
     forget_meshes()
     dist.init_process_group("gloo")  # torch asks for its default: the stand-in finds its world gone
     out: dict[str, Any] = {
-        "hook_is_torchs": getattr(c10d, every_group.FOLLOW_HOOK or "") is not every_group._following_default,
+        "hook_is_torchs": not every_group.stand_in_installed(),
         "following_after_destroy": every_group.following() is not None,
     }
     dist.new_group(backend="gloo")
