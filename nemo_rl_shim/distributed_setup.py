@@ -22,14 +22,13 @@ import torch.distributed as dist
 import automodel_patch
 from automodel_patch._target import CONFIG_MODULE, MESH_MODULE, MESH_UTILS_MODULE, MOE_CONFIG_MODULES
 from nemo_rl_shim import config as cfg
-from nemo_rl_shim import flight_recorder
+from nemo_rl_shim import every_group, flight_recorder
 from nemo_rl_shim.decision import Decision, decide
-from nemo_rl_shim.groups import axis_mesh, backend_timeouts
+from nemo_rl_shim.groups import axis_mesh, backend_timeouts, distinct_groups
 from nemo_rl_shim.integers import positive_int
 from nemo_rl_shim.mesh_timeouts import set_mesh_timeouts
 from nemo_rl_shim.process_group import backend_for, init_process_group
 from nemo_rl_shim.support import require_supported
-from nemo_rl_shim.timeouts import run_groups, set_group_timeout
 
 __all__ = [
     "NEMO_RL_FIELDS",
@@ -203,12 +202,17 @@ def _launcher_world_size() -> int | None:
         return None
 
 
+def _mesh_groups(context: DistributedContext) -> dict[str, Any]:
+    """The context's own groups: the default group and each distinct group of its meshes."""
+    return distinct_groups(context.device_mesh, context.moe_mesh)
+
+
 def _lacking(context: DistributedContext, minutes: float) -> tuple[str, ...]:
     """The groups with a backend whose timeout is not ``minutes``."""
     wanted = datetime.timedelta(minutes=minutes)
     return tuple(
         name
-        for name, group in run_groups(context).items()
+        for name, group in _mesh_groups(context).items()
         if any(timeout != wanted for timeout in backend_timeouts(group).values())
     )
 
@@ -228,9 +232,9 @@ def _set_after_build(context: DistributedContext, decision: Decision, minutes: f
     # Gloo sub-groups (and the Gloo half of composite ones) keep 30 minutes; torch 2.10's passes
     # ``timeout=pg_options._timeout``. Where the build already gave every group the timeout this finds
     # nothing to do. Delete it once the torch floor in pyproject.toml is 2.10 or newer.
-    groups = run_groups(context)
+    groups = _mesh_groups(context)
     for name in lacking:
-        set_group_timeout(datetime.timedelta(minutes=minutes), groups[name])
+        every_group.set_group_timeout(datetime.timedelta(minutes=minutes), groups[name])
     return lacking
 
 
@@ -246,8 +250,11 @@ def setup_distributed(
     The returned context carries the :class:`~nemo_rl_shim.decision.Decision` that says
     what happened to the timeout. With ``automodel_cfg.flight_recorder`` on, torch's recorder
     variables are set before the first group (:mod:`nemo_rl_shim.flight_recorder`) and each rank's
-    group map is written beside its dump once the meshes exist. World size 1 with CPU offload raises
-    ``NotImplementedError``, as in NeMo RL; found only after the rendezvous (no
+    group map is written beside its dump once the meshes exist. Where every group is meant to carry the
+    timeout (:attr:`Decision.every_group`), groups made from then on without a timeout of their own get
+    the configured value too, until the world ends (:func:`nemo_rl_shim.every_group.follow`; undone by
+    ``destroy_process_group`` or :func:`~nemo_rl_shim.every_group.restore_torch_defaults`). World size 1
+    with CPU offload raises ``NotImplementedError``, as in NeMo RL; found only after the rendezvous (no
     ``WORLD_SIZE``), the just-created default group is torn down again first.
     """
     where = f"{role}.automodel_cfg"
@@ -300,6 +307,9 @@ def setup_distributed(
     )
     if decision.every_group:
         context = context._replace(timeouts_set_after_build=_set_after_build(context, decision, timeout))
+        # From here on a group made without a timeout of its own (a lazily flattened axis, a Gloo group,
+        # a checkpoint group) gets the configured value, and the phases move it (nemo_rl_shim.every_group).
+        every_group.follow(datetime.timedelta(minutes=timeout), _mesh_groups(context))
     if recorder is not None:
         flight_recorder.record_groups(context)
     return context

@@ -10,7 +10,15 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
-__all__ = ["axis_mesh", "backend_timeouts", "distinct_groups", "flattened_axes", "group_backends", "named_groups"]
+__all__ = [
+    "axis_mesh",
+    "backend_readings",
+    "backend_timeouts",
+    "distinct_groups",
+    "flattened_axes",
+    "group_backends",
+    "named_groups",
+]
 
 
 def _plain(name: Any) -> str:
@@ -86,3 +94,17 @@ def group_backends(group: ProcessGroup) -> dict[str, str]:
 def backend_timeouts(group: ProcessGroup) -> dict[str, datetime.timedelta]:
     """``{device type: timeout}`` read from each backend of ``group`` itself."""
     return {device: group._get_backend(torch.device(device)).options._timeout for device in group_backends(group)}
+
+
+def backend_readings(group: ProcessGroup) -> dict[str, tuple[str, datetime.timedelta | None]]:
+    """``{device type: (backend name, timeout)}`` for every backend of ``group``; the timeout is None where the
+    backend keeps none that can be read (torch's ``fake`` backend has no options).
+
+    :func:`backend_timeouts` for any group torch may hold, where a missing timeout is an answer, not an error.
+    """
+    readings: dict[str, tuple[str, datetime.timedelta | None]] = {}
+    for device, name in group_backends(group).items():
+        options = getattr(group._get_backend(torch.device(device)), "options", None)
+        timeout = getattr(options, "_timeout", None)
+        readings[device] = (name, timeout if isinstance(timeout, datetime.timedelta) else None)
+    return readings

@@ -23,13 +23,10 @@ from typing import Any
 from torch.distributed import ProcessGroup
 
 from nemo_rl_shim.config import minutes_timedelta
+from nemo_rl_shim.every_group import RESOLUTION, set_group_timeout
 from nemo_rl_shim.groups import backend_timeouts, distinct_groups, group_backends, named_groups
-from nemo_rl_shim.timeouts import set_group_timeout
 
 __all__ = ["mesh_groups", "set_mesh_timeouts"]
-
-#: c10d keeps a timeout in whole milliseconds: a read-back within this of the value set is that value.
-_RESOLUTION = datetime.timedelta(milliseconds=1)
 
 
 def mesh_groups(device_mesh: Any, moe_mesh: Any = None) -> dict[str, ProcessGroup]:
@@ -47,7 +44,7 @@ def _read_back(name: str, group: ProcessGroup, wanted: datetime.timedelta) -> di
     if not read:
         raise RuntimeError(f"group {name!r} has no backend to read a timeout from")
     for device, timeout in read.items():
-        if abs(timeout - wanted) >= _RESOLUTION:
+        if abs(timeout - wanted) >= RESOLUTION:
             backend = group_backends(group)[device]
             raise RuntimeError(
                 f"group {name!r}: its {device} backend ({backend}) reads {_minutes(timeout):g} min after "

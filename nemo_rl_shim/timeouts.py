@@ -1,4 +1,4 @@
-"""Timeouts that follow the run's phases.
+"""Timeouts that follow the run's phases, on every process group torch holds.
 
 One long timeout is a trade: it survives a cold first step but leaves a real
 hang at step 5,000 undetected for as long. Here the start-up value
@@ -7,9 +7,14 @@ every group to the steady value (``distributed_timeout_minutes_after_init``);
 :func:`extended_timeout` raises it around a slow phase (checkpoint save and
 consolidation, weight refit) and restores each group's previous value after.
 
-"Every group" is every process group the run created (:func:`run_groups`):
-the default group, each mesh axis, each flattened axis and each MoE axis, and
-on each of them every backend, the CPU (Gloo) and CUDA (NCCL) halves alike.
+"Every group" (:func:`run_groups`) is the run's own groups (the default group,
+each mesh axis, each flattened axis and each MoE axis) and, once
+``setup_distributed`` gave every group the timeout, every other group torch
+holds except those with a timeout of their own: groups made later (NeMo RL's
+lazily flattened ``("cp", "tp")`` group, Gloo groups, Automodel's checkpoint
+groups) follow too. A group made from then on without a timeout of its own gets
+the value in force (:mod:`nemo_rl_shim.every_group`). On each group every
+backend changes, the CPU (Gloo) and CUDA (NCCL) halves alike.
 
 Why a barrier comes first: timeouts are per process. If a rank that finished
 the slow phase lowered its timeout while a peer was still inside it, its next
@@ -25,11 +30,12 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
+from nemo_rl_shim import every_group
 from nemo_rl_shim.config import minutes_timedelta
+from nemo_rl_shim.every_group import TIMEOUT_API, restore_torch_defaults, set_group_timeout
 from nemo_rl_shim.flight_recorder import dump_on_timeout
 from nemo_rl_shim.groups import backend_timeouts, distinct_groups
 
@@ -38,40 +44,29 @@ __all__ = [
     "after_first_step",
     "current_timeouts",
     "extended_timeout",
+    "restore_torch_defaults",
     "run_groups",
     "set_group_timeout",
     "set_timeouts",
 ]
 
-# Gate: torch 2.15 added the public torch.distributed.set_timeout (reaches every backend of a
-# group). Delete the fallback once the torch floor in pyproject.toml is 2.15 or newer.
-if hasattr(dist, "set_timeout"):
-    TIMEOUT_API = "torch.distributed.set_timeout"
-    set_group_timeout = dist.set_timeout
-else:  # torch < 2.15: what NeMo RL's torch 2.11 uses (the torch-2.11, -2.10 and -2.9 CI lanes run it)
-    TIMEOUT_API = "torch.distributed.distributed_c10d._set_pg_timeout"
-    set_group_timeout = dist.distributed_c10d._set_pg_timeout
-
 
 def run_groups(context: Any) -> dict[str, ProcessGroup]:
-    """Every distinct process group of a ``DistributedContext``, by its first name (see ``distinct_groups``)."""
-    return distinct_groups(context.device_mesh, context.moe_mesh)
+    """Every group the phases move, by name: the context's own groups (each distinct group of its meshes, by its
+    first name: ``"default"``, ``"tp"``, ``"dp_cp"``, ``"moe.ep"``; see ``distinct_groups``), then, while the
+    shim follows the configured value, every other group torch holds without a timeout of its own, by
+    :func:`~nemo_rl_shim.every_group.group_key` (``"undefined:7"``, ``"mesh_cp_tp:9"``)."""
+    return every_group.followers(distinct_groups(context.device_mesh, context.moe_mesh))
 
 
 def current_timeouts(context: Any) -> dict[str, dict[str, datetime.timedelta]]:
-    """``{group name: {device: timeout}}`` read from the groups themselves."""
+    """``{group name: {device: timeout}}`` of :func:`run_groups`, read from the groups themselves."""
     return {name: backend_timeouts(group) for name, group in run_groups(context).items()}
 
 
-def _set_backend_timeouts(group: ProcessGroup, timeouts: Mapping[str, datetime.timedelta]) -> None:
-    values = set(timeouts.values())
-    if len(values) == 1:
-        set_group_timeout(values.pop(), group)
-        return
-    for device, timeout in timeouts.items():  # halves that differed before: restore each
-        backend = group._get_backend(torch.device(device))
-        setter = getattr(backend, "set_timeout", None) or backend._set_default_timeout
-        setter(timeout)
+def _barrier(why: str) -> None:
+    with dump_on_timeout(why):
+        dist.barrier()
 
 
 def set_timeouts(
@@ -80,27 +75,33 @@ def set_timeouts(
     *,
     barrier: bool = True,
 ) -> None:
-    """Set the timeout of every group and backend of the run, behind a barrier.
+    """Set the timeout of every group and backend of :func:`run_groups`, behind a barrier.
 
-    ``timeout`` is one value for all, or a ``{group: {device: timeout}}`` map as
-    :func:`current_timeouts` returns. ``barrier=False`` is for a rank that is
-    failing anyway and must not wait on its peers.
+    ``timeout`` is one value for all, which groups made from then on get too, or a
+    ``{group: {device: timeout}}`` map as :func:`current_timeouts` returns (a group the
+    map does not name is left as it is; the value later groups get does not change).
+    ``barrier=False`` is for a rank that is failing anyway and must not wait on its peers.
     """
     if barrier:
-        with dump_on_timeout("the barrier before setting timeouts"):
-            dist.barrier()
-    for name, group in run_groups(context).items():
-        if isinstance(timeout, datetime.timedelta):
+        _barrier("the barrier before setting timeouts")
+    groups = run_groups(context)  # judged by the value in force, before it changes
+    if isinstance(timeout, datetime.timedelta):
+        for group in groups.values():
             set_group_timeout(timeout, group)
-        else:
-            _set_backend_timeouts(group, timeout[name])
+        every_group.set_following(timeout)
+        return
+    for name, group in groups.items():
+        if name in timeout:
+            every_group.set_backend_timeouts(group, timeout[name])
 
 
 def after_first_step(context: Any, minutes: float | None = None) -> bool:
     """Drop every group to the steady timeout once the first training step is done.
 
     ``minutes`` defaults to ``context.timeout_minutes_after_init``. With neither
-    set, nothing changes and False is returned. Call it on every rank.
+    set, nothing changes and False is returned. Call it on every rank. Groups
+    made afterwards get the steady value too (where ``setup_distributed`` gave
+    every group the timeout).
     """
     if minutes is None:
         minutes = context.timeout_minutes_after_init
@@ -110,20 +111,39 @@ def after_first_step(context: Any, minutes: float | None = None) -> bool:
     return True
 
 
+def _restore(
+    context: Any, previous: Mapping[str, Mapping[str, datetime.timedelta]], followed: datetime.timedelta | None
+) -> None:
+    """Give each group that still follows the raised value back what it had; a group made inside the phase gets
+    the value in force outside it. A group given a value of its own inside the phase keeps it."""
+    groups = run_groups(context)  # still judged against the raised value
+    for name, group in groups.items():
+        if name in previous:
+            every_group.set_backend_timeouts(group, previous[name])
+        elif followed is not None:
+            set_group_timeout(followed, group)
+    if followed is not None:
+        every_group.set_following(followed)
+
+
 @contextmanager
 def extended_timeout(context: Any, minutes: float) -> Iterator[None]:
     """Raise every group's timeout to ``minutes`` for a slow phase, then restore each group's previous value.
 
-    Entering needs no barrier (raising cuts nobody short). A normal exit restores
-    behind a barrier; an exception restores this rank's values without one, so a
-    failing rank does not wait on peers that may never arrive.
+    Groups made inside the phase without a timeout of their own get ``minutes``, and
+    the value in force outside it once the phase ends. Entering needs no barrier
+    (raising cuts nobody short). A normal exit restores behind a barrier; an
+    exception restores this rank's values without one, so a failing rank does not
+    wait on peers that may never arrive.
     """
     raised = minutes_timedelta(minutes, "extended_timeout minutes")
+    followed = every_group.following()
     previous = current_timeouts(context)
     set_timeouts(context, raised, barrier=False)
     try:
         yield
     except BaseException:
-        set_timeouts(context, previous, barrier=False)
+        _restore(context, previous, followed)
         raise
-    set_timeouts(context, previous)
+    _barrier("the barrier before setting timeouts")
+    _restore(context, previous, followed)

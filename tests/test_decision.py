@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from nemo_rl_shim.cli.preflight.spawn import spawn_ranks
-from nemo_rl_shim.decision import Action
+from nemo_rl_shim.decision import Action, Decision
 from tests.harness.fixture_wheels import JUDGEABLE_STYLES, fixture_version
 from tests.harness.release_facts import SOURCE_PATCH_SUFFIX
 from tests.harness.releases import ALL_RELEASES, FIXED_FUNCTION_RELEASES, LEGACY_RELEASES
@@ -35,6 +35,8 @@ GLOO_DEFAULT_MINUTES = 30.0
 LEGACY_SCENARIOS = [
     {"name": "dp", "timeout": TIMEOUT, "cpu_offload": False, "dtensor_cfg": {}},
     {"name": "tp", "timeout": TIMEOUT, "cpu_offload": False, "dtensor_cfg": {"tensor_parallel_size": 2}},
+    # A MoE model: create_device_mesh returns a second mesh (ep_shard, ep), whose groups need the timeout too.
+    {"name": "ep", "timeout": TIMEOUT, "cpu_offload": False, "dtensor_cfg": {"expert_parallel_size": 2}},
 ]
 #: Releases whose override keeps the CPU half by itself: the fixed fixtures and the source-patched 0.7.0.
 NATIVE = (*(fixture_version(s) for s in JUDGEABLE_STYLES), f"0.7.0{SOURCE_PATCH_SUFFIX}")
@@ -145,6 +147,14 @@ def test_unknown_detection_applies_the_fix_with_one_warning(release_facts) -> No
     assert "may build mesh sub-groups without the CPU half" in refused["warning"], refused
 
 
+@pytest.mark.parametrize("action", list(Action))
+def test_only_the_set_after_build_action_sets_every_sub_group_after_the_build(action: Action) -> None:
+    decision = Decision(action, TIMEOUT, cpu_offload=False, reason="a reason")
+    assert decision.set_after_build is (action is Action.SET_AFTER_BUILD)
+    forwards = action in (Action.FORWARD, Action.PATCH_AND_FORWARD)
+    assert decision.forward_minutes == (TIMEOUT if forwards else None)
+
+
 @pytest.fixture(scope="module")
 def legacy_setup(release_environment):
     """``legacy_setup(version)`` -> both ranks' set-up facts on a legacy pin, spawned once per version."""
@@ -178,6 +188,8 @@ def test_legacy_pin_setup_distributed_on_two_gloo_ranks(version: str, legacy_set
             assert scenario["decision"]["action"] == Action.SET_AFTER_BUILD.value, name
             assert scenario["decision"]["every_group"] is True, name
             assert scenario["mesh_builders"] == {"create_device_mesh": 1}, (name, scenario["mesh_builders"])
+            # the set-after-build path, which reads every group back (not the torch 2.9 gate, which does not)
+            assert scenario["set_mesh_timeouts_calls"] == 1, (name, scenario["set_mesh_timeouts_calls"])
             assert scenario["runtime_warnings"] == [], (name, scenario["runtime_warnings"])
             groups = scenario["groups"]
             sub_groups = {g: facts for g, facts in groups.items() if not facts["is_default_group"]}
@@ -189,6 +201,11 @@ def test_legacy_pin_setup_distributed_on_two_gloo_ranks(version: str, legacy_set
             # the build left them at Gloo's default: the context names them, each sub-group once
             assert scenario["timeouts_set_after_build"], (name, scenario)
             assert set(scenario["timeouts_set_after_build"]) <= set(sub_groups), (name, scenario)
+        (ep,) = [s for s in setup["scenarios"] if s["name"] == "ep"]
+        moe = {group for group in ep["groups"] if group.startswith("moe.")}
+        assert {"moe.ep", "moe.ep_shard"} <= moe, sorted(ep["groups"])  # the MoE mesh is kept (and timed, above)
+        assert ep["groups"]["moe.ep"]["size"] == 2, ep["groups"]["moe.ep"]
+        assert {"moe.ep", "moe.ep_shard"} & set(ep["timeouts_set_after_build"]), ep["timeouts_set_after_build"]
 
 
 @pytest.mark.multiprocess

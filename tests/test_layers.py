@@ -6,6 +6,8 @@ Read from the sources (every ``import`` statement, at module level, in functions
 * ``automodel_patch`` imports nothing of ``nemo_rl_shim``;
 * the library (``nemo_rl_shim`` outside ``cli/`` and ``__main__``) never imports ``nemo_rl_shim.cli``;
 * ``nemo_rl_shim.config`` knows nothing of ``torch.distributed``;
+* the library's modules sit on the floors of :data:`LIBRARY_LAYERS`, and each imports only from floors below its own
+  (a new module gets a floor here, or this test names it);
 * no module imports, directly or through others, a module that imports it back.
 
 And in a fresh interpreter, ``import nemo_rl_shim`` imports neither nemo-automodel, nor the command line, nor
@@ -64,6 +66,23 @@ def _imports(module: str) -> set[str]:
 GRAPH = {module: _imports(module) for module in MODULES}
 
 
+#: The library's floors, lowest first: a module imports only from floors below its own.
+LIBRARY_LAYERS: tuple[frozenset[str], ...] = tuple(
+    frozenset(f"nemo_rl_shim.{name}" for name in floor.split())
+    for floor in (
+        "integers error_line groups process_group",  # no import of the shim
+        "config rank_ranges",  # the knob's values; a list of ranks as a person reads it
+        "every_group flight_recorder",  # every group torch holds and the value later ones get; the recorder
+        "timeouts mesh_timeouts audit",  # the phases; the mesh's timeouts, read back; every group audited
+        "decision support",  # what happens to the timeout on this Automodel; which pairs run
+        "distributed_setup",  # setup_distributed
+        "",  # nemo_rl_shim/__init__.py: the package's names
+    )
+)
+_FLOOR = {module: level for level, floor in enumerate(LIBRARY_LAYERS) for module in floor}
+_FLOOR["nemo_rl_shim"] = len(LIBRARY_LAYERS) - 1
+
+
 def _is_cli(module: str) -> bool:
     return module == "nemo_rl_shim.__main__" or module.startswith("nemo_rl_shim.cli")
 
@@ -85,6 +104,23 @@ def test_the_library_never_imports_the_command_line() -> None:
     assert len(library) >= 8, library
     upward = {m: sorted(t for t in GRAPH[m] if _is_cli(t)) for m in library}
     assert {m: t for m, t in upward.items() if t} == {}
+
+
+def test_every_library_module_has_a_floor() -> None:
+    library = {m for m in GRAPH if m.startswith("nemo_rl_shim") and not _is_cli(m)}
+    assert library - set(_FLOOR) == set(), "give each new library module a floor in LIBRARY_LAYERS"
+    assert set(_FLOOR) - set(GRAPH) == set(), "LIBRARY_LAYERS names a module that does not exist"
+
+
+def test_the_library_imports_only_downwards() -> None:
+    upward = {
+        (module, target)
+        for module, floor in _FLOOR.items()
+        for target in GRAPH[module]
+        if target in _FLOOR and _FLOOR[target] >= floor
+    }
+    assert upward == set(), f"imports on or above the importer's floor (LIBRARY_LAYERS): {sorted(upward)}"
+    assert "nemo_rl_shim.every_group" in GRAPH["nemo_rl_shim.timeouts"]  # the phases stand on every_group
 
 
 def test_config_knows_nothing_of_torch_distributed() -> None:

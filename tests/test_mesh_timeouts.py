@@ -139,6 +139,51 @@ def test_a_backend_that_does_not_take_the_timeout_is_named(monkeypatch: pytest.M
         dist.destroy_process_group()
 
 
+@pytest.mark.multiprocess
+def test_a_half_of_a_composite_group_that_does_not_take_the_timeout_is_named() -> None:
+    """Every backend is read back, not only the first: on a ``"cpu:gloo,cuda:nccl"``-shaped group whose CPU half
+    takes the value and whose CUDA half keeps its own, ``set_mesh_timeouts`` refuses, naming the CUDA half.
+
+    One spawned rank (``tests.ranks.mesh_timeouts.composite_half_skipped``); the CUDA half is a Gloo backend
+    registered for CUDA under another name (NCCL cannot start without a GPU), so it names itself ``gloo``.
+    """
+    (result,) = spawn_ranks(
+        "tests.ranks.mesh_timeouts:composite_half_skipped", {"minutes": 2}, world_size=1, timeout_s=SPAWN_TIMEOUT_S
+    )
+    facts = result.result
+    assert facts["reuses_default_group"] is True and facts["distinct_halves"] is True, facts
+    assert facts["seconds"] == {"cpu": 120.0, "cuda": GLOO_DEFAULT_S}, facts
+    assert facts["raised"] == (
+        "group 'default': its cuda backend (gloo) reads 30 min after setting 2 min; the timeout did not reach it"
+    )
+
+
+def test_flattened_axes_finds_what_torch_flattened() -> None:
+    """``groups.flattened_axes`` reads the flattened meshes where this torch records them: the root mesh's
+    ``_flatten_mapping`` (torch 2.10 and later), or torch 2.9's ``_mesh_resources.root_to_flatten_mapping``.
+
+    Only the torch-2.9 lane tests the second (nemo-automodel 0.5.0 and later record their own
+    ``_flatten_mapping`` there too; a mesh torch alone flattened, as 0.4.0's and NeMo RL's are, has only
+    torch's registry). One real Gloo rank in this process.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from nemo_rl_shim.groups import axis_mesh, flattened_axes
+    from tests.ranks.fresh_group import forget_meshes
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("cp", "tp"))
+        flat = mesh[("cp", "tp")]._flatten()
+        found = flattened_axes(mesh)
+        assert list(found) == ["cp_tp"], found
+        assert found["cp_tp"].get_group() is flat.get_group()
+        assert axis_mesh(mesh, "cp_tp").get_group() is flat.get_group()
+    finally:
+        dist.destroy_process_group()
+        forget_meshes()
+
+
 @pytest.mark.parametrize("minutes", [0, -1, float("nan"), "5", None])
 def test_bad_minutes_are_refused_before_any_group_is_touched(minutes: Any) -> None:
     with pytest.raises(ValueError, match=r"set_mesh_timeouts minutes must be a positive"):

@@ -18,6 +18,10 @@ from nemo_rl_shim.rank_ranges import format_ranks, rank_runs
         ([0, 2], "0, 2"),
         (list(range(1024)), "0-1023"),
         (list(range(0, 8192, 8)), "0, 8, ..., 8184 (1024 ranks)"),
+        # exactly DEFAULT_LIMIT (8) parts are printed whole, strided or not; the ninth part shortens the line
+        ([0, 2, 5, 7, 10, 12, 15, 17], "0, 2, 5, 7, 10, 12, 15, 17"),
+        (list(range(0, 64, 8)), "0, 8, 16, 24, 32, 40, 48, 56"),
+        ([0, 2, 5, 7, 10, 12, 15, 17, 20], "0, 2, 5, 7, 10, 12, 15, ..., 20 (9 ranks)"),
         (
             [*range(0, 2), *range(4, 6), *range(8, 10), *range(12, 14), *range(16, 18), 20, 22, 24, 30],
             "0-1, 4-5, 8-9, 12-13, 16-17, 20, 22, ..., 30 (14 ranks)",

@@ -124,6 +124,7 @@ def test_timeout_reaches_every_group_on_its_cpu_backend(run: dict[str, Any], nam
     scenario = _scenario(run, name, rank)
     assert scenario["patch_applied"] is True
     assert scenario["mesh_builders"] == {"MeshContext.build": 1, "timeout_minutes": TIMEOUT}
+    assert scenario["set_mesh_timeouts_calls"] == 0  # the build took the timeout: no set-after-build pass
     groups = scenario["groups"]
     flattened = {"dp", "dp_cp", "dp_shard_cp"} & set(groups)
     assert flattened, f"{name}: no flattened axis found among {sorted(groups)}"

@@ -21,7 +21,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["CUDA_STAND_IN", "after_build", "build_without_timeout", "composite_after_build"]
+__all__ = [
+    "CUDA_STAND_IN",
+    "after_build",
+    "build_without_timeout",
+    "composite_after_build",
+    "composite_half_skipped",
+]
 
 _DIST = "nemo_automodel.components.distributed"
 #: A backend registered for CUDA that is Gloo underneath: stands in for NCCL (which cannot start without a GPU)
@@ -152,5 +158,40 @@ def composite_after_build(params: dict[str, Any]) -> dict[str, Any]:
     returned = set_mesh_timeouts(device_mesh, moe_mesh, params["minutes"])
     out = {"builder": builder, "before": before, "returned": returned, "after": halves()}
     dist.barrier()
+    dist.destroy_process_group()
+    return out
+
+
+def composite_half_skipped(params: dict[str, Any]) -> dict[str, Any]:
+    """``set_mesh_timeouts`` on a two-half group whose setter reaches the CPU half only: what it raises.
+
+    The default group is ``"cpu:gloo,cuda:<stand-in>"`` (two distinct backend objects); a 1-D world-sized
+    mesh reuses it. The setter is replaced by one that sets the CPU half alone, as a setter that skipped a
+    half would. params: ``minutes``.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from nemo_rl_shim import mesh_timeouts
+
+    if CUDA_STAND_IN not in dist.Backend.backend_list:
+        dist.Backend.register_backend(CUDA_STAND_IN, _gloo_stand_in, devices=["cuda"])
+    dist.init_process_group(f"cpu:gloo,cuda:{CUDA_STAND_IN}")
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=("tp",))
+    group = mesh.get_group("tp")
+    cpu, cuda = group._get_backend(torch.device("cpu")), group._get_backend(torch.device("cuda"))
+    mesh_timeouts.set_group_timeout = lambda timeout, g: g._get_backend(torch.device("cpu"))._set_default_timeout(
+        timeout
+    )
+    try:
+        mesh_timeouts.set_mesh_timeouts(mesh, None, params["minutes"])
+        raised = None
+    except RuntimeError as error:
+        raised = str(error)
+    out = {
+        "reuses_default_group": group is dist.group.WORLD,
+        "distinct_halves": cpu is not cuda,
+        "seconds": {"cpu": cpu.options._timeout.total_seconds(), "cuda": cuda.options._timeout.total_seconds()},
+        "raised": raised,
+    }
     dist.destroy_process_group()
     return out

@@ -83,6 +83,23 @@ def _count_mesh_builders() -> dict[str, Any]:
     return calls
 
 
+def _count_read_back_passes() -> dict[str, int]:
+    """Count ``setup_distributed``'s calls of ``set_mesh_timeouts`` (the post-build pass that reads every group
+    back); the real function still runs."""
+    from nemo_rl_shim import distributed_setup
+
+    calls = {"set_mesh_timeouts": 0}
+    original = distributed_setup.set_mesh_timeouts
+
+    @functools.wraps(original)
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls["set_mesh_timeouts"] += 1
+        return original(*args, **kwargs)
+
+    distributed_setup.set_mesh_timeouts = counted
+    return calls
+
+
 def layouts(params: dict[str, Any]) -> dict[str, Any]:
     """Run ``setup_distributed`` once per scenario, read every group, then tear the default group down.
 
@@ -97,6 +114,7 @@ def layouts(params: dict[str, Any]) -> dict[str, Any]:
     from tests.ranks.fresh_group import device_mesh_facts, forget_meshes, move_to_fresh_port
 
     mesh_builders = _count_mesh_builders()
+    read_back_passes = _count_read_back_passes()
     out = []
     mesh_facts = None
     for scenario in params["scenarios"]:
@@ -122,9 +140,11 @@ def layouts(params: dict[str, Any]) -> dict[str, Any]:
                 "active": list(automodel_patch.active()),
                 "context_fields": list(type(ctx)._fields),
                 "mesh_builders": dict(mesh_builders),
+                "set_mesh_timeouts_calls": read_back_passes["set_mesh_timeouts"],
             }
         )
         mesh_builders.clear()
+        read_back_passes["set_mesh_timeouts"] = 0
         del ctx
         move_to_fresh_port()  # a collective: no rank tears the store down while a peer still uses it
         dist.destroy_process_group()
