@@ -1,0 +1,178 @@
+"""Rank function for tests/test_learned_timeouts.py: a run that learns its timeouts, on real Gloo ranks.
+
+One run through the real ``setup_distributed`` (tp 2 on 4 ranks: mesh axes and flattened axes),
+in the order a training worker would go, reading every group torch holds
+(``distributed_c10d._world.pg_map``) at each point. Returns JSON: timeouts in seconds, read from
+each group's backends, and what each collective did.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed import ProcessGroup
+
+from nemo_rl_shim.distributed_setup import RuntimeConfig, setup_distributed
+from nemo_rl_shim.groups import backend_timeouts
+from nemo_rl_shim.learner import Learner
+from nemo_rl_shim.timeouts import learned_timeouts, set_timeouts
+
+__all__ = ["every_group", "learn_and_stall", "section"]
+
+#: Bound on a rank's wait, through the store, for the stalled rank's peers to report.
+_STORE_WAIT_S = 120
+
+
+def section(params: dict[str, Any]) -> dict[str, Any]:
+    """A ``policy`` section with ``learned_timeouts`` (``params``: startup, factor, min_steps, floor)."""
+    learned = {"factor": params["factor"], "min_steps": params["min_steps"], "floor_minutes": params["floor"]}
+    return {
+        "automodel_cfg": {"distributed_timeout_minutes": params["startup"], "learned_timeouts": learned},
+        "dtensor_cfg": {"tensor_parallel_size": 2},
+    }
+
+
+def every_group(later: set[int]) -> list[dict[str, Any]]:
+    """Every group torch holds in this process, with each backend's timeout in seconds; ``later``: ids of the
+    groups made after set-up."""
+    return [
+        {
+            "ranks": dist.get_process_group_ranks(group),
+            "desc": getattr(group, "group_desc", ""),
+            "made_after_setup": id(group) in later,
+            "timeouts_s": {device: t.total_seconds() for device, t in backend_timeouts(group).items()},
+        }
+        for group in list(dist.distributed_c10d._world.pg_map)
+    ]
+
+
+def _work(seconds: float, group: ProcessGroup | None = None) -> float:
+    """A step's body: compute (a sleep), then an all-reduce every rank joins; its duration on this rank."""
+    start = time.monotonic()
+    time.sleep(seconds)
+    dist.all_reduce(torch.ones(1), group=group)
+    return time.monotonic() - start
+
+
+@contextmanager
+def _timed(times: list[float]) -> Iterator[None]:
+    start = time.monotonic()
+    yield
+    times.append(time.monotonic() - start)
+
+
+def _steps(learner: Learner, durations: list[float], out: dict[str, list[float]]) -> None:
+    for seconds in durations:
+        with _timed(out["outer"]), learner.step():
+            out["inner"].append(_work(seconds))
+
+
+def _slow_phase(learner: Learner, seconds: float, *, peers_wait_inside: bool) -> dict[str, Any]:
+    """Rank 0 works ``seconds`` inside ``phase("checkpoint")`` (a consolidated save); the others wait for it inside
+    the phase (a barrier) or leave the body at once and wait in the learner's own exit."""
+    times: list[float] = []
+    with _timed(times), learner.phase("checkpoint"):
+        inside_s = backend_timeouts(dist.group.WORLD)["cpu"].total_seconds()
+        if dist.get_rank() == 0:
+            time.sleep(seconds)
+        if peers_wait_inside:
+            dist.barrier()
+    return {"inside_s": inside_s, "took_s": times[0], "completed": True}
+
+
+def _stalled_step(learner: Learner, stall_s: float) -> dict[str, Any]:
+    """The last rank stalls inside a step and never joins; the others' all-reduce must raise.
+
+    The stalled rank waits (at most ``stall_s``) in the default group's store, not in a collective, until
+    every peer has caught its error; then it says it is done, and the peers (rank 0 holds the store) wait
+    for that before they return.
+    """
+    store = dist.distributed_c10d._get_default_store()
+    rank, stalled = dist.get_rank(), dist.get_world_size() - 1
+    if rank == stalled:
+        with learner.step():
+            store.wait([f"peer {r} caught it" for r in range(stalled)], datetime.timedelta(seconds=stall_s))
+        store.set("stalled rank done", "1")
+        return {"stalled": True}
+    start = time.monotonic()
+    try:
+        with learner.step():
+            dist.all_reduce(torch.ones(1))
+    except RuntimeError as error:
+        outcome = {"outcome": "raised", "seconds": time.monotonic() - start, "error": str(error)[:300]}
+    else:
+        outcome = {"outcome": "completed", "seconds": time.monotonic() - start}
+    store.set(f"peer {rank} caught it", "1")
+    store.wait(["stalled rank done"], datetime.timedelta(seconds=_STORE_WAIT_S))
+    return {"stalled": False, **outcome, "steps_after": learner.steps}
+
+
+def learn_and_stall(params: dict[str, Any]) -> dict[str, Any]:
+    """Set up, learn, run a slow phase twice, save and load the state, then stall one rank in a step.
+
+    ``params``: the ``section`` keys, ``first_s`` (the first step's compute), ``step_s``,
+    ``long_step_s`` (rank 0's step 6), ``phase_extra_s`` (the phase's length above the steady value),
+    ``stall_s`` (the longest the stalled rank waits for its peers to catch it).
+    """
+    context = setup_distributed(section(params), RuntimeConfig())
+    out: dict[str, Any] = {"rank": dist.get_rank(), "startup": every_group(set())}
+    made_at_setup = {id(group) for group in dist.distributed_c10d._world.pg_map}
+    later_group = dist.new_group(list(range(dist.get_world_size())))  # as a library makes one after set-up
+    learner = learned_timeouts(context)
+    out["settings"] = learner.settings.to_dict()
+    times: dict[str, list[float]] = {"inner": [], "outer": []}
+
+    out["minutes_before"] = learner.minutes
+    _steps(learner, [params["first_s"]] + [params["step_s"]] * (params["min_steps"] - 1), times)
+    later = {id(later_group)} | {id(g) for g in dist.distributed_c10d._world.pg_map if id(g) not in made_at_setup}
+    out["learned"] = {"minutes": learner.minutes, "steps": learner.steps, "times": dict(times), "groups": []}
+    out["learned"]["groups"] = every_group(later)
+    out["learned"]["phases"] = learner.phases
+
+    # Steps 5 to 8: rank 0's step 6 is longer, after the collective (its peers do not wait for it in that step).
+    raised: dict[str, Any] = {}
+    for index in range(params["min_steps"]):
+        with learner.step():
+            _work(params["step_s"])
+            if index == 1 and dist.get_rank() == 0:
+                time.sleep(params["long_step_s"])
+        if index == 1:
+            raised = {"in_force_s": learner.in_force_minutes * 60, "agreed_minutes": learner.minutes}
+    out["raised_alone"] = raised
+    out["agreed_again"] = {"minutes": learner.minutes, "in_force_s": learner.in_force_minutes * 60}
+    out["agreed_again"]["groups"] = every_group(later)
+
+    made_after_learning = dist.new_group(list(range(dist.get_world_size())))
+    later.add(id(made_after_learning))
+    steady_s = learner.minutes * 60
+    phase_s = steady_s + params["phase_extra_s"]
+    out["phase_s"] = phase_s
+    out["phases"] = []
+    for peers_wait_inside in (True, False):
+        phase = _slow_phase(learner, phase_s, peers_wait_inside=peers_wait_inside)
+        phase["groups_after"] = every_group(later)
+        phase["learned_minutes"] = learner.phases.get("checkpoint")
+        out["phases"].append(phase)
+
+    saved = learner.state_dict()
+    out["state"] = saved
+    set_timeouts(context, datetime.timedelta(minutes=params["startup"]))  # as a fresh process would start
+    out["before_load"] = every_group(later)
+    resumed = learned_timeouts(context)
+    resumed.load_state_dict(json.loads(json.dumps(saved)))
+    out["resumed"] = {"minutes": resumed.minutes, "phases": resumed.phases, "state": resumed.state_dict()}
+    out["resumed"]["groups"] = every_group(later)
+
+    resumed_steps = {"inner": [], "outer": []}
+    _steps(resumed, [params["step_s"]], resumed_steps)  # its first step: the phase "first_step", learned before
+    out["resumed"]["first_step"] = {"phases": resumed.phases, "in_force_s": resumed.in_force_minutes * 60}
+    out["stall"] = _stalled_step(resumed, params["stall_s"])
+    out["stall"]["timeout_s"] = resumed.in_force_minutes * 60
+    return out
