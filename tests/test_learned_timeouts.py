@@ -74,6 +74,10 @@ def _one_value(groups: list[dict[str, Any]], *, later: bool = False) -> float:
     return next(iter(values))
 
 
+def test_every_stage_completes_on_every_rank(ranks):
+    assert {rank["rank"]: rank.get("failed") for rank in ranks} == dict.fromkeys(range(WORLD_SIZE))
+
+
 def test_nothing_is_learned_before_min_steps(ranks):
     for rank in ranks:
         assert rank["minutes_before"] is None
@@ -128,6 +132,7 @@ def test_a_slow_phase_longer_than_the_steady_value_completes_twice_and_the_stead
 
 
 def test_the_state_survives_a_json_round_trip_into_a_new_learner(ranks):
+    steady_s = ranks[0]["agreed_again"]["minutes"] * 60
     assert len({json.dumps(rank["state"], sort_keys=True) for rank in ranks}) == 1, "ranks saved different states"
     for rank in ranks:
         assert rank["resumed"]["state"] == rank["state"]
@@ -135,6 +140,8 @@ def test_the_state_survives_a_json_round_trip_into_a_new_learner(ranks):
         assert set(rank["resumed"]["phases"]) == {"first_step", "checkpoint"}
         assert _one_value(rank["before_load"]) == STARTUP_S
         assert _one_value(rank["resumed"]["groups"]) == pytest.approx(rank["resumed"]["minutes"] * 60, abs=MS)
+        # its first step ran as the phase "first_step" (learned before), then the steady value came back
+        assert rank["resumed"]["after_first_step"] == {"steps": 1, "in_force_s": pytest.approx(steady_s, abs=MS)}
 
 
 def test_a_stalled_step_is_detected_within_the_learned_value_plus_3_s(ranks, record_property):
@@ -144,6 +151,7 @@ def test_a_stalled_step_is_detected_within_the_learned_value_plus_3_s(ranks, rec
     for peer in peers:
         assert peer["outcome"] == "raised", peer
         assert peer["timeout_s"] == pytest.approx(ranks[0]["resumed"]["minutes"] * 60, abs=MS)
+        assert peer["in_force_s"] == pytest.approx(peer["timeout_s"], abs=MS), "not the learned value in force"
         assert peer["timeout_s"] - 0.1 <= peer["seconds"] <= peer["timeout_s"] + 3, peer
         assert peer["steps_after"] == 1, "a step that raised was counted"
 

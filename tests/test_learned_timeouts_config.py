@@ -114,8 +114,9 @@ def test_with_a_hand_set_steady_value_it_says_to_choose_one():
 def test_setup_distributed_refuses_before_any_process_group(role, name, no_process_group):
     block, words = REFUSED[name]
     section = {"automodel_cfg": _cfg(block), "dtensor_cfg": {}}
-    with pytest.raises(ValueError, match=f"^{role}\\.automodel_cfg\\.learned_timeouts"):
+    with pytest.raises(ValueError) as caught:
         setup_distributed(section, RuntimeConfig(), role=role)
+    assert str(caught.value).startswith(f"{role}.automodel_cfg.{words.split(' ')[0]}"), caught.value
     with pytest.raises(ValueError, match="choose one"):
         setup_distributed(
             {"automodel_cfg": _cfg({}, distributed_timeout_minutes_after_init=5), "dtensor_cfg": {}},

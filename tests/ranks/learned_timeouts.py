@@ -96,11 +96,12 @@ def _stalled_step(learner: Learner, stall_s: float) -> dict[str, Any]:
     """
     store = dist.distributed_c10d._get_default_store()
     rank, stalled = dist.get_rank(), dist.get_world_size() - 1
+    in_force_s = backend_timeouts(dist.group.WORLD)["cpu"].total_seconds()  # read from the group itself
     if rank == stalled:
         with learner.step():
             store.wait([f"peer {r} caught it" for r in range(stalled)], datetime.timedelta(seconds=stall_s))
         store.set("stalled rank done", "1")
-        return {"stalled": True}
+        return {"stalled": True, "in_force_s": in_force_s}
     start = time.monotonic()
     try:
         with learner.step():
@@ -111,33 +112,21 @@ def _stalled_step(learner: Learner, stall_s: float) -> dict[str, Any]:
         outcome = {"outcome": "completed", "seconds": time.monotonic() - start}
     store.set(f"peer {rank} caught it", "1")
     store.wait(["stalled rank done"], datetime.timedelta(seconds=_STORE_WAIT_S))
-    return {"stalled": False, **outcome, "steps_after": learner.steps}
+    return {"stalled": False, "in_force_s": in_force_s, **outcome, "steps_after": learner.steps}
 
 
-def learn_and_stall(params: dict[str, Any]) -> dict[str, Any]:
-    """Set up, learn, run a slow phase twice, save and load the state, then stall one rank in a step.
-
-    ``params``: the ``section`` keys, ``first_s`` (the first step's compute), ``step_s``,
-    ``long_step_s`` (rank 0's step 6), ``phase_extra_s`` (the phase's length above the steady value),
-    ``stall_s`` (the longest the stalled rank waits for its peers to catch it).
-    """
-    context = setup_distributed(section(params), RuntimeConfig())
-    out: dict[str, Any] = {"rank": dist.get_rank(), "startup": every_group(set())}
-    made_at_setup = {id(group) for group in dist.distributed_c10d._world.pg_map}
-    later_group = dist.new_group(list(range(dist.get_world_size())))  # as a library makes one after set-up
-    learner = learned_timeouts(context)
-    out["settings"] = learner.settings.to_dict()
-    times: dict[str, list[float]] = {"inner": [], "outer": []}
-
-    out["minutes_before"] = learner.minutes
+def _learn(run: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    """The first ``min_steps`` steps: the first one longer (the start-up step)."""
+    learner, times = run["learner"], {"inner": [], "outer": []}
     _steps(learner, [params["first_s"]] + [params["step_s"]] * (params["min_steps"] - 1), times)
-    later = {id(later_group)} | {id(g) for g in dist.distributed_c10d._world.pg_map if id(g) not in made_at_setup}
-    out["learned"] = {"minutes": learner.minutes, "steps": learner.steps, "times": dict(times), "groups": []}
-    out["learned"]["groups"] = every_group(later)
-    out["learned"]["phases"] = learner.phases
+    run["later"] |= {id(g) for g in dist.distributed_c10d._world.pg_map if id(g) not in run["at_setup"]}
+    out = {"minutes": learner.minutes, "steps": learner.steps, "times": times, "phases": learner.phases}
+    return {"learned": {**out, "groups": every_group(run["later"])}}
 
-    # Steps 5 to 8: rank 0's step 6 is longer, after the collective (its peers do not wait for it in that step).
-    raised: dict[str, Any] = {}
+
+def _raise_alone(run: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    """``min_steps`` more steps; rank 0's second one is longer after the collective (its peers do not wait for it)."""
+    learner, raised = run["learner"], {}
     for index in range(params["min_steps"]):
         with learner.step():
             _work(params["step_s"])
@@ -145,34 +134,65 @@ def learn_and_stall(params: dict[str, Any]) -> dict[str, Any]:
                 time.sleep(params["long_step_s"])
         if index == 1:
             raised = {"in_force_s": learner.in_force_minutes * 60, "agreed_minutes": learner.minutes}
-    out["raised_alone"] = raised
-    out["agreed_again"] = {"minutes": learner.minutes, "in_force_s": learner.in_force_minutes * 60}
-    out["agreed_again"]["groups"] = every_group(later)
+    agreed = {"minutes": learner.minutes, "in_force_s": learner.in_force_minutes * 60}
+    return {"raised_alone": raised, "agreed_again": {**agreed, "groups": every_group(run["later"])}}
 
-    made_after_learning = dist.new_group(list(range(dist.get_world_size())))
-    later.add(id(made_after_learning))
-    steady_s = learner.minutes * 60
-    phase_s = steady_s + params["phase_extra_s"]
-    out["phase_s"] = phase_s
-    out["phases"] = []
+
+def _phases(run: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    """A group made now, then the slow phase twice, ``phase_extra_s`` longer than the steady value."""
+    learner = run["learner"]
+    run["later"].add(id(dist.new_group(list(range(dist.get_world_size())))))
+    phase_s = learner.minutes * 60 + params["phase_extra_s"]
+    phases = []
     for peers_wait_inside in (True, False):
         phase = _slow_phase(learner, phase_s, peers_wait_inside=peers_wait_inside)
-        phase["groups_after"] = every_group(later)
+        phase["groups_after"] = every_group(run["later"])
         phase["learned_minutes"] = learner.phases.get("checkpoint")
-        out["phases"].append(phase)
+        phases.append(phase)
+    return {"phase_s": phase_s, "phases": phases}
 
-    saved = learner.state_dict()
-    out["state"] = saved
-    set_timeouts(context, datetime.timedelta(minutes=params["startup"]))  # as a fresh process would start
-    out["before_load"] = every_group(later)
-    resumed = learned_timeouts(context)
+
+def _resume(run: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    """Save the state, put every group back at the start-up value (a fresh process), load it into a new learner."""
+    saved = run["learner"].state_dict()
+    set_timeouts(run["context"], datetime.timedelta(minutes=params["startup"]))
+    before_load = every_group(run["later"])
+    resumed = run["learner"] = learned_timeouts(run["context"])
     resumed.load_state_dict(json.loads(json.dumps(saved)))
-    out["resumed"] = {"minutes": resumed.minutes, "phases": resumed.phases, "state": resumed.state_dict()}
-    out["resumed"]["groups"] = every_group(later)
+    out = {"minutes": resumed.minutes, "phases": resumed.phases, "state": resumed.state_dict()}
+    out["groups"] = every_group(run["later"])
+    _steps(resumed, [params["step_s"]], {"inner": [], "outer": []})  # its first step: the phase "first_step"
+    out["after_first_step"] = {"steps": resumed.steps, "in_force_s": resumed.in_force_minutes * 60}
+    return {"state": saved, "before_load": before_load, "resumed": out}
 
-    resumed_steps = {"inner": [], "outer": []}
-    _steps(resumed, [params["step_s"]], resumed_steps)  # its first step: the phase "first_step", learned before
-    out["resumed"]["first_step"] = {"phases": resumed.phases, "in_force_s": resumed.in_force_minutes * 60}
-    out["stall"] = _stalled_step(resumed, params["stall_s"])
-    out["stall"]["timeout_s"] = resumed.in_force_minutes * 60
+
+def _stall(run: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    stall = _stalled_step(run["learner"], params["stall_s"])
+    return {"stall": {**stall, "timeout_s": run["learner"].minutes * 60}}
+
+
+STAGES = (_learn, _raise_alone, _phases, _resume, _stall)
+
+
+def learn_and_stall(params: dict[str, Any]) -> dict[str, Any]:
+    """Set up, learn, raise one rank, run a slow phase twice, save and load the state, then stall one rank.
+
+    ``params``: the ``section`` keys, ``first_s`` (the first step's compute), ``step_s``,
+    ``long_step_s`` (rank 0's step 6), ``phase_extra_s`` (the phase's length above the steady value),
+    ``stall_s`` (the longest the stalled rank waits for its peers to catch it). A stage whose collective
+    raises (a timeout cut a rank short) ends the run: ``failed`` names it, and what came before is kept.
+    """
+    context = setup_distributed(section(params), RuntimeConfig())
+    out: dict[str, Any] = {"rank": dist.get_rank(), "startup": every_group(set())}
+    run: dict[str, Any] = {"context": context, "at_setup": {id(g) for g in dist.distributed_c10d._world.pg_map}}
+    run["later"] = {id(dist.new_group(list(range(dist.get_world_size()))))}  # as a library makes one after set-up
+    run["learner"] = learned_timeouts(context)
+    out["minutes_before"] = run["learner"].minutes
+    for stage in STAGES:
+        try:
+            found = stage(run, params)
+        except RuntimeError as error:
+            out["failed"] = {"stage": stage.__name__, "error": str(error)[:400]}
+            return out
+        out.update(found)
     return out
