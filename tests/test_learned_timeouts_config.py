@@ -14,8 +14,10 @@ import torch.distributed as dist
 
 from nemo_rl_shim import RuntimeConfig, setup_distributed
 from nemo_rl_shim.config import LEARNED_TIMEOUTS_DEFAULTS, LearnedTimeoutsSettings, learned_timeouts
+from tests.harness.paths import REPO_ROOT
 
 CEILING = 45
+EXAMPLE = REPO_ROOT / "examples" / "grpo.yaml"
 
 #: A block that must be refused (with the start-up value set), and the words its message must carry.
 REFUSED: dict[str, tuple[Any, str]] = {
@@ -123,3 +125,16 @@ def test_setup_distributed_refuses_before_any_process_group(role, name, no_proce
             RuntimeConfig(),
             role=role,
         )
+
+
+def test_preflight_refuses_it_before_any_rank():
+    from nemo_rl_shim.cli.preflight.options import build_options
+
+    overrides = [
+        "++policy.automodel_cfg.distributed_timeout_minutes=45",
+        "++policy.automodel_cfg.distributed_timeout_minutes_after_init=null",
+    ]
+    with pytest.raises(ValueError) as caught:
+        build_options(str(EXAMPLE), recipe_overrides=[*overrides, "++policy.automodel_cfg.learned_timeouts.factor=1"])
+    assert str(caught.value).startswith("policy.automodel_cfg.learned_timeouts.factor must be a number greater than 1")
+    build_options(str(EXAMPLE), recipe_overrides=[*overrides, "++policy.automodel_cfg.learned_timeouts.factor=3"])
