@@ -77,15 +77,16 @@ def _summary(value: Any) -> Any:
     return value
 
 
-def write_results(name: str, data: dict[str, Any]) -> Path:
+def write_results(name: str, data: dict[str, Any], *, rerun: str | None = None) -> Path:
     """Write the summary to ``benchmarks/results/<name>.json`` (committed: what the README quotes) and
     everything, per-run samples included, to ``benchmarks/results/raw/<name>.json`` (ignored by git;
-    rerun the benchmark to regenerate it). Returns the summary's path."""
+    rerun the benchmark, ``rerun`` or ``benchmarks/<name>.py``, to regenerate it). Returns the summary's path."""
     raw = RESULTS_DIR / "raw" / f"{name}.json"
     raw.parent.mkdir(parents=True, exist_ok=True)
     raw.write_text(json.dumps(data, indent=2, default=str) + "\n")
     path = RESULTS_DIR / f"{name}.json"
-    summary = {**_summary(data), "raw": f"{raw.relative_to(ROOT)} (not committed: rerun benchmarks/{name}.py)"}
+    command = rerun or f"benchmarks/{name}.py"
+    summary = {**_summary(data), "raw": f"{raw.relative_to(ROOT)} (not committed: rerun {command})"}
     path.write_text(json.dumps(summary, indent=2, default=str) + "\n")
     return path
 

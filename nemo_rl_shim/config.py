@@ -19,14 +19,17 @@ from nemo_rl_shim.integers import is_positive_int
 
 __all__ = [
     "FLIGHT_RECORDER_DEFAULTS",
+    "LEARNED_TIMEOUTS_DEFAULTS",
     "MIN_TIMEOUT",
     "ROLES",
     "AutomodelConfig",
     "FlightRecorderSettings",
+    "LearnedTimeoutsSettings",
     "automodel_cfg",
     "distributed_timeout_minutes",
     "distributed_timeout_minutes_after_init",
     "flight_recorder",
+    "learned_timeouts",
     "minutes_timedelta",
     "patch_automodel",
 ]
@@ -58,6 +61,10 @@ class AutomodelConfig(TypedDict):
     #: On, every rank records its last ``buffer_size`` collectives and writes them to ``dump_dir`` when a
     #: collective times out (see :mod:`nemo_rl_shim.flight_recorder`; read with ``nemo-rl-shim hang-report``).
     flight_recorder: NotRequired[Mapping[str, Any] | None]
+    #: Timeouts learned from the run's own step and phase times: ``{factor: 5, min_steps: 8, floor_minutes: 1}``.
+    #: Off by default. On, ``distributed_timeout_minutes`` is required (the ceiling) and
+    #: ``distributed_timeout_minutes_after_init`` is refused (choose one); see :mod:`nemo_rl_shim.learning`.
+    learned_timeouts: NotRequired[Mapping[str, Any] | None]
 
 
 def automodel_cfg(config: Mapping[str, Any], role: Role = "policy") -> Mapping[str, Any]:
@@ -201,3 +208,94 @@ def flight_recorder(cfg: Mapping[str, Any], where: str = "policy.automodel_cfg")
     if values["dump_dir"] is None:
         raise ValueError(f"{key}.dump_dir must name a directory when {key}.enabled is true, got None")
     return FlightRecorderSettings(_writable_dir(values["dump_dir"], f"{key}.dump_dir"), size)
+
+
+#: ``automodel_cfg.learned_timeouts`` keys and their defaults. ``floor_minutes`` is a choice, not a measurement:
+#: below a minute, host hiccups (a long garbage collection, a slow shared filesystem, a preempted CPU) that no
+#: step time shows would start to kill healthy runs.
+LEARNED_TIMEOUTS_DEFAULTS: dict[str, Any] = {"factor": 5.0, "min_steps": 8, "floor_minutes": 1.0}
+
+
+@dataclass(frozen=True)
+class LearnedTimeoutsSettings:
+    """A validated ``learned_timeouts`` block, with the start-up value it may never exceed."""
+
+    #: ``distributed_timeout_minutes``: the start-up value, and the most any learned value may be.
+    ceiling_minutes: float
+    #: The learned value is ``factor`` times the longest step (or phase) the ranks agreed on.
+    factor: float = LEARNED_TIMEOUTS_DEFAULTS["factor"]
+    #: Steps (the first one included) before the ranks first agree on the steady value, and between agreements.
+    min_steps: int = LEARNED_TIMEOUTS_DEFAULTS["min_steps"]
+    #: The lowest value ever set.
+    floor_minutes: float = LEARNED_TIMEOUTS_DEFAULTS["floor_minutes"]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form."""
+        return dict(self.__dict__)
+
+
+def _factor(value: Any, key: str) -> float:
+    rule = f"{key} must be a number greater than 1 (the learned timeout is factor x the longest step)"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{rule}, got {value!r} ({type(value).__name__})")
+    if math.isnan(value) or math.isinf(value) or value <= 1:
+        raise ValueError(f"{rule}, got {value!r}")
+    return float(value)
+
+
+def _learned_block(cfg: Mapping[str, Any], key: str) -> Mapping[str, Any] | None:
+    block = cfg.get("learned_timeouts")
+    if block is None:
+        return None
+    known = ", ".join(LEARNED_TIMEOUTS_DEFAULTS)
+    if not isinstance(block, Mapping):
+        raise ValueError(f"{key} must be a mapping ({known}) or null, got {block!r}")
+    unknown = sorted(set(block) - set(LEARNED_TIMEOUTS_DEFAULTS), key=str)
+    if unknown:
+        raise ValueError(
+            f"{key}.{unknown[0]} is not a learned_timeouts key (known: {known}), got {block[unknown[0]]!r}"
+        )
+    return block
+
+
+def learned_timeouts(cfg: Mapping[str, Any], where: str = "policy.automodel_cfg") -> LearnedTimeoutsSettings | None:
+    """The validated ``learned_timeouts`` block, or None when it is unset or null (off).
+
+    Keys (a null value takes the default): ``factor`` (a number above 1, default 5), ``min_steps`` (a
+    positive integer, default 8), ``floor_minutes`` (positive minutes, default 1, lowered to the ceiling
+    when left unset and the ceiling is below it). ``{}`` is on with every default. On, it needs
+    ``distributed_timeout_minutes`` (the ceiling) and refuses ``distributed_timeout_minutes_after_init``:
+    both set the steady value, so the config must choose one. Unknown keys are refused, naming the full key.
+    """
+    key = f"{where}.learned_timeouts"
+    block = _learned_block(cfg, key)
+    if block is None:
+        return None
+    ceiling = distributed_timeout_minutes(cfg, where)
+    steady = distributed_timeout_minutes_after_init(cfg, where)
+    if steady is not None:
+        raise ValueError(
+            f"{key} and {where}.distributed_timeout_minutes_after_init ({steady:g}) both set the steady-state "
+            f"timeout: choose one (remove distributed_timeout_minutes_after_init to learn it, or set "
+            f"learned_timeouts: null to keep {steady:g} min), got learned_timeouts {dict(block)!r}"
+        )
+    if ceiling is None:
+        raise ValueError(
+            f"{key} needs {where}.distributed_timeout_minutes (the start-up value, and the most a learned value "
+            f"may be), got None"
+        )
+    values = {**LEARNED_TIMEOUTS_DEFAULTS, **{k: v for k, v in block.items() if v is not None}}
+    min_steps = values["min_steps"]
+    if not is_positive_int(min_steps):
+        raise ValueError(
+            f"{key}.min_steps must be a positive integer (steps before the first agreement), got {min_steps!r}"
+        )
+    floor = _positive_minutes(values["floor_minutes"], f"{key}.floor_minutes")
+    assert floor is not None
+    if block.get("floor_minutes") is None:
+        floor = min(floor, ceiling)
+    elif floor > ceiling:
+        raise ValueError(
+            f"{key}.floor_minutes must not exceed {where}.distributed_timeout_minutes ({ceiling:g}), got {floor:g}"
+        )
+    return LearnedTimeoutsSettings(ceiling, _factor(values["factor"], f"{key}.factor"), min_steps, floor)

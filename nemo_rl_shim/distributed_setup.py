@@ -79,6 +79,8 @@ class DistributedContext(NamedTuple):
     #: (a pin whose build takes no timeout; torch 2.9's DeviceMesh passes none to Gloo sub-groups);
     #: empty where the build gave it.
     timeouts_set_after_build: tuple[str, ...] = ()
+    #: ``automodel_cfg.learned_timeouts``, validated (None: off), for :func:`nemo_rl_shim.timeouts.learned_timeouts`.
+    learned_timeouts: cfg.LearnedTimeoutsSettings | None = None
 
 
 #: NeMo RL's ``DistributedContext`` fields, in order.
@@ -263,6 +265,7 @@ def setup_distributed(
     steady = cfg.distributed_timeout_minutes_after_init(automodel_cfg, where)
     patch = cfg.patch_automodel(automodel_cfg, where)
     recorder = cfg.flight_recorder(automodel_cfg, where)
+    learned = cfg.learned_timeouts(automodel_cfg, where)
     dtensor_cfg = config.get("dtensor_cfg") or {}
     sizes = parallel_sizes(dtensor_cfg, f"{role}.dtensor_cfg")
     expected_world = _launcher_world_size()
@@ -304,6 +307,7 @@ def setup_distributed(
         cp_size=_axis_size(device_mesh, "cp"),
         decision=decision,
         timeout_minutes_after_init=steady,
+        learned_timeouts=learned,
     )
     if decision.every_group:
         context = context._replace(timeouts_set_after_build=_set_after_build(context, decision, timeout))

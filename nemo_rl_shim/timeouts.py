@@ -6,6 +6,8 @@ hang at step 5,000 undetected for as long. Here the start-up value
 every group to the steady value (``distributed_timeout_minutes_after_init``);
 :func:`extended_timeout` raises it around a slow phase (checkpoint save and
 consolidation, weight refit) and restores each group's previous value after.
+:func:`learned_timeouts` learns both from the run itself instead (``automodel_cfg.learned_timeouts``;
+:mod:`nemo_rl_shim.learner`).
 
 "Every group" (:func:`run_groups`) is the run's own groups (the default group,
 each mesh axis, each flattened axis and each MoE axis) and, once
@@ -38,12 +40,14 @@ from nemo_rl_shim.config import minutes_timedelta
 from nemo_rl_shim.every_group import TIMEOUT_API, restore_torch_defaults, set_group_timeout
 from nemo_rl_shim.flight_recorder import dump_on_timeout
 from nemo_rl_shim.groups import backend_timeouts, distinct_groups
+from nemo_rl_shim.learner import Learner
 
 __all__ = [
     "TIMEOUT_API",
     "after_first_step",
     "current_timeouts",
     "extended_timeout",
+    "learned_timeouts",
     "restore_torch_defaults",
     "run_groups",
     "set_group_timeout",
@@ -147,3 +151,13 @@ def extended_timeout(context: Any, minutes: float) -> Iterator[None]:
         raise
     _barrier("the barrier before setting timeouts")
     _restore(context, previous, followed)
+
+
+def learned_timeouts(context: Any) -> Learner:
+    """A :class:`~nemo_rl_shim.learner.Learner` for the run of ``context``, following its ``learned_timeouts`` settings.
+
+    Off (``automodel_cfg.learned_timeouts`` unset or null, or a context without the field), the learner
+    times nothing and sets nothing, so a worker can call it the same way either way. It changes
+    timeouts only through :func:`set_timeouts`, on every group that function reaches.
+    """
+    return Learner(context, getattr(context, "learned_timeouts", None), set_timeouts)

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.every_lane
 #: Written down from NeMo RL (see the module docstring), not read from the shim.
 NEMO_RL_DISTRIBUTED_CONTEXT = ("device_mesh", "moe_mesh", "fsdp2_config", "moe_config", "dp_size", "tp_size", "cp_size")
 #: The shim's own fields, after NeMo RL's, each with a default.
-SHIM_FIELDS = ("decision", "timeout_minutes_after_init", "timeouts_set_after_build")
+SHIM_FIELDS = ("decision", "timeout_minutes_after_init", "timeouts_set_after_build", "learned_timeouts")
 
 
 def test_first_fields_are_nemo_rls_in_its_order() -> None:
@@ -42,7 +42,7 @@ def test_a_worker_written_for_nemo_rl_takes_it_as_is() -> None:
     context = DistributedContext("mesh", None, "fsdp2", "moe", 4, 2, 1)
     device_mesh, moe_mesh, fsdp2_config, moe_config, dp_size, tp_size, cp_size, *extra = context
     assert (device_mesh, moe_mesh, fsdp2_config, moe_config, dp_size, tp_size, cp_size) == context[:7]
-    assert (context.dp_size, context[4], extra) == (4, 4, [None, None, ()])
+    assert (context.dp_size, context[4], extra) == (4, 4, [None, None, (), None])
     assert isinstance(context, tuple)
     assert context._replace(tp_size=8).tp_size == 8
 

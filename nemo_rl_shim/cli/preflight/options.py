@@ -159,6 +159,7 @@ def _apply_flags(section: dict[str, Any], role: cfg.Role, overrides: Mapping[str
     cfg.distributed_timeout_minutes_after_init(automodel, where)  # checks the start-up value too
     cfg.patch_automodel(automodel, where)
     cfg.flight_recorder(automodel, where)  # makes the dump directory and checks it is writable
+    cfg.learned_timeouts(automodel, where)
     parallel_sizes(dtensor, f"{role}.dtensor_cfg")
     cpu_offload = dtensor.get("cpu_offload", False)
     if not isinstance(cpu_offload, bool):
