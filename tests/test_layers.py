@@ -72,7 +72,9 @@ LIBRARY_LAYERS: tuple[frozenset[str], ...] = tuple(
     for floor in (
         "integers error_line groups process_group",  # no import of the shim
         "config rank_ranges",  # the knob's values; a list of ranks as a person reads it
-        "every_group flight_recorder",  # every group torch holds and the value later ones get; the recorder
+        "every_group flight_recorder learning",  # every group torch holds and the value later ones get; the recorder;
+        # the learned timeouts' rule and state (no torch)
+        "learner",  # the learned timeouts: times steps and phases, agrees across ranks
         "timeouts mesh_timeouts audit",  # the phases; the mesh's timeouts, read back; every group audited
         "decision support",  # what happens to the timeout on this Automodel; which pairs run
         "distributed_setup",  # setup_distributed

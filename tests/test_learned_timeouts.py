@@ -36,13 +36,6 @@ STARTUP_S = PARAMS["startup"] * 60
 #: torch keeps whole milliseconds, and the rule rounds to them: a learned value is exact to 1 ms.
 MS = 0.001
 #: Until issue 26 (groups made after set-up follow the timeouts) is merged, set_timeouts reaches the run's meshes only.
-NEEDS_ISSUE_26 = pytest.mark.xfail(
-    strict=True,
-    reason="groups made after set-up keep torch's 30 min until issue 26 makes set_timeouts reach every group in "
-    "pg_map; remove this mark when it is merged (strict: an unexpected pass fails)",
-)
-
-
 @pytest.fixture(scope="module")
 def ranks() -> list[dict[str, Any]]:
     results = spawn_ranks(
@@ -112,7 +105,11 @@ def test_a_longer_step_raises_that_rank_at_once_and_the_next_agreement_evens_the
     rank0 = ranks[0]["raised_alone"]
     assert rank0["in_force_s"] >= PARAMS["factor"] * (PARAMS["step_s"] + PARAMS["long_step_s"]) - MS
     assert rank0["agreed_minutes"] * 60 == pytest.approx(learned_s, abs=MS)  # raised alone: nothing agreed yet
-    assert [rank["raised_alone"]["in_force_s"] for rank in ranks[1:]] == [pytest.approx(learned_s, abs=MS)] * 3
+    # The peers did not take rank 0's long step: each kept the agreed value, or raised it only by its own step's
+    # jitter on a loaded machine (a 0.4 s step that took a few ms longer than every step agreed on so far).
+    peers = [rank["raised_alone"]["in_force_s"] for rank in ranks[1:]]
+    own_step_at_most = PARAMS["factor"] * (PARAMS["step_s"] + PARAMS["long_step_s"] / 4)
+    assert all(learned_s - MS <= peer <= own_step_at_most for peer in peers), (peers, learned_s, own_step_at_most)
     agreed = {_one_value(rank["agreed_again"]["groups"]) for rank in ranks}
     assert len(agreed) == 1, f"ranks disagree after the agreement: {agreed}"
     assert agreed.pop() >= rank0["in_force_s"] - MS
@@ -156,7 +153,6 @@ def test_a_stalled_step_is_detected_within_the_learned_value_plus_3_s(ranks, rec
         assert peer["steps_after"] == 1, "a step that raised was counted"
 
 
-@NEEDS_ISSUE_26
 def test_groups_made_after_set_up_read_the_learned_value_too(ranks):
     for rank in ranks:
         for point in (rank["learned"], rank["agreed_again"], rank["resumed"], *rank["phases"]):
