@@ -73,7 +73,7 @@ def measure_one(world: int) -> dict[str, Any]:
     start = time.perf_counter()
     report = run_preflight(options)
     wall_s = time.perf_counter() - start
-    ranks = [r for r in report.ranks if "process_groups" in r]
+    ranks = [r.dry_run for r in report.ranks if getattr(r, "dry_run", None) is not None]
     return {
         "world": world,
         "layout": sizes,
@@ -85,9 +85,9 @@ def measure_one(world: int) -> dict[str, Any]:
         "imports_s": round(imports_s, 1),
         "rss_before_mb": round(rss_before),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
-        "groups_recorded": sum(r["process_groups"] for r in ranks),
-        "groups_per_rank": sorted({r["process_groups"] for r in ranks}),
-        "new_group_calls_per_rank": max((r["new_group_calls"] for r in ranks), default=0),
+        "groups_recorded": sum(r.process_groups for r in ranks),
+        "groups_per_rank": sorted({r.process_groups for r in ranks}),
+        "new_group_calls_per_rank": max((r.new_group_calls for r in ranks), default=0),
     }
 
 

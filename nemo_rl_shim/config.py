@@ -18,6 +18,7 @@ from typing import Any, Literal, NotRequired, TypedDict
 from nemo_rl_shim.integers import is_positive_int
 
 __all__ = [
+    "AUTOMODEL_CFG_KEYS",
     "FLIGHT_RECORDER_DEFAULTS",
     "LEARNED_TIMEOUTS_DEFAULTS",
     "MIN_TIMEOUT",
@@ -67,14 +68,36 @@ class AutomodelConfig(TypedDict):
     learned_timeouts: NotRequired[Mapping[str, Any] | None]
 
 
+#: Every key ``automodel_cfg`` may hold (:class:`AutomodelConfig`); any other is refused by :func:`automodel_cfg`.
+#: A new key is added here, and to :class:`AutomodelConfig`, and nowhere else.
+AUTOMODEL_CFG_KEYS: tuple[str, ...] = (
+    "distributed_timeout_minutes",
+    "distributed_timeout_minutes_after_init",
+    "patch_automodel",
+    "flight_recorder",
+    "learned_timeouts",
+)
+
+
 def automodel_cfg(config: Mapping[str, Any], role: Role = "policy") -> Mapping[str, Any]:
-    """``config[role]["automodel_cfg"]``, or an empty mapping when either is absent or null."""
+    """``config[role]["automodel_cfg"]``, or an empty mapping when either is absent or null.
+
+    A key that is not in :data:`AUTOMODEL_CFG_KEYS` (a misspelt ``distributed_timeout_minute``) raises
+    ``ValueError`` naming the full key, its value and the known keys: dropped silently, it would
+    leave the run at torch's defaults with no word.
+    """
     section = config.get(role) or {}
     if not isinstance(section, Mapping):
         raise ValueError(f"{role} must be a mapping, got {section!r}")
     block = section.get("automodel_cfg") or {}
     if not isinstance(block, Mapping):
         raise ValueError(f"{role}.automodel_cfg must be a mapping, got {block!r}")
+    unknown = sorted((key for key in block if key not in AUTOMODEL_CFG_KEYS), key=str)
+    if unknown:
+        raise ValueError(
+            f"{role}.automodel_cfg.{unknown[0]} is not an automodel_cfg key (known: {', '.join(AUTOMODEL_CFG_KEYS)}), "
+            f"got {block[unknown[0]]!r}"
+        )
     return block
 
 

@@ -264,3 +264,39 @@ def test_setup_distributed_rejects_a_non_mapping_block(role: str, block: Any, no
         setup_distributed({"automodel_cfg": block}, RuntimeConfig(), role=role)
     assert str(raised.value) == f"{role}.automodel_cfg must be a mapping, got {block!r}"
     assert not dist.is_initialized()
+
+
+# --- unknown keys -----------------------------------------------------------------------------------------------------
+
+#: Misspelt or made-up keys: dropped silently, each would leave the run at torch's defaults with no word.
+UNKNOWN_KEYS: dict[str, Any] = {"distributed_timeout_minute": 45, "bogus": 1, "timeout": 45.0}
+
+
+@roles
+@pytest.mark.parametrize("key", list(UNKNOWN_KEYS))
+def test_an_unknown_key_is_refused_naming_the_full_key_its_value_and_the_known_keys(role: str, key: str) -> None:
+    from nemo_rl_shim.config import AUTOMODEL_CFG_KEYS
+
+    with pytest.raises(ValueError) as raised:
+        automodel_cfg({role: _section(**{KEY: 30, key: UNKNOWN_KEYS[key]})}, role)
+    assert str(raised.value) == (
+        f"{role}.automodel_cfg.{key} is not an automodel_cfg key (known: {', '.join(AUTOMODEL_CFG_KEYS)}), "
+        f"got {UNKNOWN_KEYS[key]!r}"
+    )
+
+
+def test_the_known_keys_are_the_typed_block_s_keys() -> None:
+    """One list: the keys the validator accepts are those ``AutomodelConfig`` declares, and each is accepted."""
+    from nemo_rl_shim.config import AUTOMODEL_CFG_KEYS, AutomodelConfig
+
+    assert set(AUTOMODEL_CFG_KEYS) == set(AutomodelConfig.__annotations__)
+    block = {KEY: 45, AFTER_INIT_KEY: 10, "patch_automodel": True, "flight_recorder": None}
+    assert set(block) == set(AUTOMODEL_CFG_KEYS)
+    assert automodel_cfg({"policy": {"automodel_cfg": block}}) == block
+
+
+@roles
+def test_setup_distributed_refuses_an_unknown_key_before_any_group(role: str, no_process_group) -> None:
+    with pytest.raises(ValueError, match=rf"^{role}\.automodel_cfg\.distributed_timeout_minute is not an automodel"):
+        setup_distributed(_section(distributed_timeout_minute=45), RuntimeConfig(), role=role)
+    assert not dist.is_initialized()

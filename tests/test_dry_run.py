@@ -37,6 +37,7 @@ pytestmark = [
 CONFIG = """\
 policy:
   dtensor_cfg:
+    _v2: true
     cpu_offload: true
     tensor_parallel_size: 2
     context_parallel_size: 2
@@ -281,3 +282,104 @@ def test_flight_recorder_is_off_in_a_dry_run_and_nothing_is_written(
     assert report["section"]["automodel_cfg"]["flight_recorder"]["enabled"] is True  # what the real run will do
     assert not dump_dir.exists() or not any(dump_dir.iterdir()), sorted(p.name for p in dump_dir.iterdir())
     assert _state() == before
+
+
+def test_the_header_counts_the_groups_the_table_shows(capfd: pytest.CaptureFixture[str]) -> None:
+    """A row per name: where several names are one group (``dp_shard`` spans the world: the default group), the
+    header says how many groups and how many rows, and which rows share a group."""
+    code, report, err = _run(capfd, "--json")
+    assert code == 0, err[-3000:]
+    code, text, err = _run(capfd)
+    assert code == 0, err[-3000:]
+    for rank in report["ranks"]:
+        distinct = [row for row in rank["rows"] if row["same_as"] is None]
+        assert len(distinct) == rank["process_groups"], rank["rows"]  # every group a row, every row a group or a name
+    rows = len(report["ranks"][0]["rows"])
+    groups = report["ranks"][0]["process_groups"]
+    table = [line for line in text.split("\n\n")[1].splitlines()[1:] if not line.startswith("(")]
+    assert len(table) == rows, table
+    line = next(line for line in text.splitlines() if line.startswith("process groups per rank"))
+    shared = [row["group"] for row in report["ranks"][0]["rows"] if row["same_as"] == "default"]
+    assert shared, report["ranks"][0]["rows"]  # on 2 ranks the world-spanning axes are the default group
+    assert line.startswith(
+        f"process groups per rank (= NCCL communicators it will hold): {groups} on ranks 0-1, shown as the table's "
+        f"{rows} rows ({', '.join(shared)} are group default"
+    ), line
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [("policy.dtensor_cfg._v2=false", "_v2 is False"), ("++policy.dtensor_cfg.enabled=false", "enabled is false")],
+    ids=["v1-worker", "megatron"],
+)
+def test_a_config_off_the_automodel_path_exits_1_saying_what_was_checked(
+    config: str, capfd: pytest.CaptureFixture[str], override: str, key: str
+) -> None:
+    code, text, err = _run(capfd, "--config", config, "--world", "8", override)
+    assert code == 1, err[-3000:]
+    assert f"preflight: FAILED: policy.dtensor_cfg.{key}: NeMo RL runs" in err, err[-3000:]
+    assert "OK:" not in text, text
+    assert (
+        "checked the Automodel path, which this config does not run (note above): every group carries the "
+        "configured timeout on every backend (dry run: no collective run)"
+    ) in text.splitlines(), text
+
+
+@pytest.mark.parametrize("key", ["distributed_timeout_minute", "bogus"])
+def test_an_unknown_automodel_cfg_key_is_refused_with_json_on_stdout(
+    config: str, capfd: pytest.CaptureFixture[str], key: str
+) -> None:
+    code, report, err = _run(capfd, "--config", config, "--json", f"++policy.automodel_cfg.{key}=45")
+    assert code == 2, err[-3000:]
+    assert report["ok"] is False and report["exit_code"] == 2, report
+    assert report["problem"].startswith(f"policy.automodel_cfg.{key} is not an automodel_cfg key (known: "), report
+    assert err.strip().splitlines()[-1] == f"preflight: {report['problem']}"
+
+
+def test_a_dry_run_the_machine_cannot_finish_in_time_is_refused_at_once_with_its_estimate(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    import time
+
+    start = time.monotonic()
+    code, report, err = _run(capfd, "--world", "1000000", "--json")
+    elapsed = time.monotonic() - start
+    assert code == 2, err[-3000:]
+    problem = report["problem"]
+    assert problem.startswith(
+        "a dry run of 1000000 ranks is refused before it starts: 3 ranks to check at about 4,000,000 new_group calls "
+        "each: about 480 s"
+    ), problem
+    assert problem.endswith("past --timeout-s 300; raise --timeout-s to run it"), problem
+    assert elapsed < 60, f"refused after {elapsed:.1f} s: nothing should have run"
+
+
+def test_ranks_a_dry_run_does_not_reach_by_its_bound_are_named(capfd: pytest.CaptureFixture[str]) -> None:
+    """Estimated under the bound (2 ranks of 8 calls: under 1 ms), but entering the fake world and one rank's set-up
+    take longer than 1 ms: the ranks not reached by then are named, and only those."""
+    code, report, err = _run(capfd, "--json", "--timeout-s", "0.001")
+    assert code == 1, err[-3000:]
+    assert report["timed_out"] is True
+    unreached = [rank["rank"] for rank in report["ranks"] if not rank["checked"]]
+    assert unreached and unreached[-1] == 1, report["ranks"]
+    named = "rank 1" if unreached == [1] else "ranks 0-1"
+    assert report["problem"] == (
+        f"{named} did not finish within 0.001 s (--timeout-s): the dry run plays one rank after another, and did "
+        "not reach these"
+    ), report["problem"]
+
+
+def test_bad_flags_with_json_print_json(config: str, capfd: pytest.CaptureFixture[str]) -> None:
+    code = main(["preflight", "--config", config, "--ranks", "all", "--json"])
+    out, err = capfd.readouterr()
+    problem = "--ranks chooses the ranks of a dry run: add --dry-run, or leave --ranks out"
+    assert code == 2 and json.loads(out) == {"ok": False, "exit_code": 2, "problem": problem}, err
+    with pytest.raises(SystemExit) as exit_info:  # argparse's own errors too
+        main(["preflight", "--dry-run", "--json", "--tp", "0"])
+    out, err = capfd.readouterr()
+    assert exit_info.value.code == 2
+    assert json.loads(out) == {
+        "ok": False,
+        "exit_code": 2,
+        "problem": "argument --tp: must be a positive integer, got 0",
+    }

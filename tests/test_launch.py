@@ -12,7 +12,7 @@ import socket
 import pytest
 
 from nemo_rl_shim.cli.preflight import spawn
-from nemo_rl_shim.cli.preflight.rank_checks import gave_up_on_peers
+from nemo_rl_shim.cli.preflight.results import gave_up_on_peers
 from nemo_rl_shim.cli.preflight.stuck import FAILURE_GRACE_S
 
 __all__: list[str] = []

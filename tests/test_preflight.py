@@ -16,6 +16,7 @@ and tested directly.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -30,7 +31,8 @@ from nemo_rl_shim.cli.preflight.options import DEFAULT_SECTION
 from nemo_rl_shim.cli.preflight.rank_checks import SKIPPED
 from nemo_rl_shim.cli.preflight.ray_actors import bundle_of, plan_note, plan_ray_ranks
 from nemo_rl_shim.cli.preflight.report import COLUMNS, find_problems
-from nemo_rl_shim.cli.preflight.runner import RankPlan, Runner, plan_ranks
+from nemo_rl_shim.cli.preflight.results import GroupRow, OffloadCheck, RankChecked, RankFailed
+from nemo_rl_shim.cli.preflight.runner import RankLimit, RankPlan, Runner, plan_ranks
 from nemo_rl_shim.cli.preflight.spawn import free_port
 from tests.harness.at_once import Finished, run_at_once
 from tests.harness.paths import REPO_ROOT
@@ -41,7 +43,7 @@ RUN_TIMEOUT_S = 420  # bound on each launched command; ranks import torch + Auto
 PPO_YAML = (
     "policy:\n  automodel_cfg:\n    distributed_timeout_minutes: 99\n"
     "value:\n  automodel_cfg:\n    distributed_timeout_minutes: {startup}\n"
-    "    distributed_timeout_minutes_after_init: {steady}\n  dtensor_cfg:\n    cpu_offload: true\n"
+    "    distributed_timeout_minutes_after_init: {steady}\n  dtensor_cfg:\n    _v2: true\n    cpu_offload: true\n"
 )
 STARTUP_MIN, STEADY_MIN = 40.0, 10.0  # not 30: that is gloo's default and would prove nothing
 
@@ -227,16 +229,60 @@ def test_build_options_needs_the_role_section(tmp_path):
         preflight.build_options(str(config), "value")
 
 
+GPUS_4 = RankLimit(4, "the 4 CUDA devices")
+CPUS_16 = RankLimit(16, "what this machine can hold: 16 CPU ranks")
+
+
 def test_plan_ranks_one_per_gpu_else_two_cpu_ranks():
-    gpus = "the 4 CUDA devices"
-    assert plan_ranks(None, 0, gpus) == RankPlan(2, "cpu", {"CUDA_VISIBLE_DEVICES": ""})
-    assert plan_ranks(None, 4, gpus) == RankPlan(4, "cuda")
-    assert plan_ranks(2, 4, gpus).world_size == 2
-    assert plan_ranks(3, 0, gpus).world_size == 3
-    one = plan_ranks(None, 1, gpus)
+    no_gpu = RankLimit(0, "the 0 CUDA devices")
+    assert plan_ranks(None, no_gpu, CPUS_16) == RankPlan(2, "cpu", {"CUDA_VISIBLE_DEVICES": ""})
+    assert plan_ranks(None, GPUS_4, CPUS_16) == RankPlan(4, "cuda")
+    assert plan_ranks(2, GPUS_4, CPUS_16).world_size == 2
+    assert plan_ranks(3, no_gpu, CPUS_16).world_size == 3
+    one = plan_ranks(None, RankLimit(1, "the 1 CUDA devices"), CPUS_16)
     assert (one.world_size, one.device, one.env) == (2, "cpu", {"CUDA_VISIBLE_DEVICES": ""})
     with pytest.raises(ValueError, match="--nproc 8 exceeds the 4 CUDA devices"):
-        plan_ranks(8, 4, gpus)
+        plan_ranks(8, GPUS_4, CPUS_16)
+
+
+def test_plan_ranks_at_the_edges_one_rank_per_gpu_up_to_every_gpu():
+    """Exactly as many ranks as GPUs fits; exactly MIN_RANKS GPUs is a CUDA run."""
+    assert plan_ranks(4, GPUS_4, CPUS_16) == RankPlan(4, "cuda")
+    assert plan_ranks(None, RankLimit(2, "the 2 CUDA devices"), CPUS_16) == RankPlan(2, "cuda")
+    assert plan_ranks(16, RankLimit(0, "none"), CPUS_16).world_size == 16
+
+
+def test_plan_ranks_refuses_more_cpu_ranks_than_the_machine_holds_naming_both_numbers():
+    with pytest.raises(ValueError, match=r"^--nproc 17 exceeds what this machine can hold: 16 CPU ranks$"):
+        plan_ranks(17, RankLimit(0, "none"), CPUS_16)
+
+
+def test_cpu_rank_limit_is_the_available_memory_over_a_rank_s_measured_peak():
+    from nemo_rl_shim.cli.preflight.spawn import RANK_MEMORY_MIB, cpu_rank_limit
+
+    limit = cpu_rank_limit(10 * RANK_MEMORY_MIB + 1)
+    assert limit.ranks == 10
+    assert limit.named == (
+        f"what this machine can hold: 10 CPU ranks ({10 * RANK_MEMORY_MIB + 1} MiB of memory available, "
+        f"about {RANK_MEMORY_MIB} MiB a rank)"
+    )
+
+
+def test_nproc_far_above_the_machine_is_refused_at_once_with_the_number_and_the_limit(capfd):
+    """No rank starts: the refusal comes from the plan, before the runner spawns anything."""
+    import time
+
+    from nemo_rl_shim.cli import main
+
+    start = time.monotonic()
+    assert main(["preflight", "--nproc", "10000", "--json"]) == 2
+    elapsed = time.monotonic() - start
+    captured = capfd.readouterr()
+    line = captured.err.strip().splitlines()[-1]
+    assert line.startswith("preflight: --nproc 10000 exceeds what this machine can hold: "), line
+    assert "CPU ranks (" in line and "MiB a rank)" in line, line
+    assert json.loads(captured.out) == {"ok": False, "exit_code": 2, "problem": line.removeprefix("preflight: ")}
+    print(f"\n--nproc 10000 refused in {elapsed:.2f} s: {line}")
 
 
 def test_the_four_runners_implement_the_one_runner_interface():
@@ -259,28 +305,29 @@ def test_detect_launcher_torchrun_slurm_or_none():
     assert detect_launcher({}) is None
 
 
-def _row(group: str, **overrides: Any) -> dict[str, Any]:
-    row = {
-        "group": group,
-        "ranks": [0, 1],
-        "backends": {"cpu": "gloo", "cuda": "nccl"},
-        "timeout_minutes": {"cpu": 45.0, "cuda": 45.0},
-        "cpu_all_reduce": "ok",
-        "cuda_all_reduce": "ok",
-        "timeout_minutes_after_init": None,
-    }
-    return {**row, **overrides}
+def _row(group: str, **overrides: Any) -> GroupRow:
+    row = GroupRow(
+        group=group,
+        ranks=(0, 1),
+        backends={"cpu": "gloo", "cuda": "nccl"},
+        timeout_minutes={"cpu": 45.0, "cuda": 45.0},
+        cpu_all_reduce="ok",
+        cuda_all_reduce="ok",
+    )
+    return dataclasses.replace(row, **overrides)
 
 
-def _rank(rank: int, rows: list[dict[str, Any]], offload: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {"rank": rank, "rows": rows, "offload": offload}
+def _rank(rank: int, rows: list[GroupRow], offload: OffloadCheck | None = None) -> RankChecked:
+    decision = {"action": "forward", "reason": "the installed Automodel keeps the CPU half", "warning": None}
+    return RankChecked(rank, "host", 2, "gloo", "cpu", decision, None, tuple(rows), offload)
 
 
 def test_find_problems_names_a_group_without_its_cpu_half_under_cpu_offload():
     # The shape of a GPU run on unpatched 0.7.0: sub-groups built as "nccl" only.
     lost = _row("tp", backends={"cuda": "nccl"}, timeout_minutes={"cuda": 45.0},
                 cpu_all_reduce="failed: RuntimeError: No backend type associated with device type cpu")  # fmt: skip
-    ranks = [_rank(r, [_row("default"), lost], {"ok": False, "error": "RuntimeError: No backend type"}) for r in (0, 1)]
+    failed = OffloadCheck("m", ok=False, error="RuntimeError: No backend type")
+    ranks = [_rank(r, [_row("default"), lost], failed) for r in (0, 1)]
     problems = find_problems(ranks, preflight.build_options())
     assert problems == [
         "group tp: no CPU backend under CPU offload (backends cuda:nccl) (ranks 0-1)",
@@ -303,8 +350,8 @@ def test_find_problems_is_empty_for_a_clean_run_and_report_problem_is_one_line()
 
 def test_find_problems_reports_a_rank_failure_by_its_last_traceback_line():
     ranks = [
-        {"rank": 0, "error": "rank 0 exited -9 before reporting"},
-        {"rank": 1, "error": "Traceback (most recent call last):\n  ...\nValueError: world_size (2) must be divisible"},
+        RankFailed(0, "rank 0 exited -9 before reporting"),
+        RankFailed(1, "Traceback (most recent call last):\n  ...\nValueError: world_size (2) must be divisible"),
     ]
     problems = find_problems(ranks, preflight.build_options())
     assert problems[0] == "rank failed: ValueError: world_size (2) must be divisible (rank 1)"
@@ -312,8 +359,8 @@ def test_find_problems_reports_a_rank_failure_by_its_last_traceback_line():
 
 def test_find_problems_puts_a_rank_s_own_failure_before_the_ranks_killed_after_it():
     why = "still running 15 s after rank 0 failed (exit 1)"
-    killed = {"rank": 1, "error": f"rank 1 killed: {why}", "killed_because": why}
-    own = {"rank": 0, "error": "Traceback (most recent call last):\nRuntimeError: boom"}
+    killed = RankFailed(1, f"rank 1 killed: {why}", killed_because=why)
+    own = RankFailed(0, "Traceback (most recent call last):\nRuntimeError: boom")
     problems = find_problems([own, killed], preflight.build_options())
     assert problems == ["rank failed: RuntimeError: boom (rank 0)"]
 
@@ -323,13 +370,22 @@ def test_find_problems_names_the_ranks_killed_after_a_peer_gave_up_and_skips_its
     options = preflight.build_options()
     timed_out = "failed: RuntimeError: Timed out waiting 12000ms for recv operation to complete"
     rows = [_row("default", cpu_all_reduce=timed_out), _row("tp", cpu_all_reduce=SKIPPED, cuda_all_reduce=SKIPPED)]
-    gave_up = _rank(0, rows, {"method": "m", "skipped": SKIPPED})
+    gave_up = _rank(0, rows, OffloadCheck("m", skipped=SKIPPED))
     why = "still running 15 s after rank 0 gave up on its peers (its cpu all_reduce on group default timed out)"
-    killed = {"rank": 1, "error": f"rank 1 killed: {why}", "killed_because": why}
+    killed = RankFailed(1, f"rank 1 killed: {why}", killed_because=why)
     assert find_problems([gave_up, killed], options) == [
         f"rank 1 did not finish: {why}: a rank is stuck in a collective"
     ]
     assert find_problems([gave_up], options) == [f"group default: CPU all_reduce {timed_out} (rank 0)"]
+
+
+def test_find_problems_on_a_timed_out_run_names_the_ranks_that_did_not_finish_not_those_that_did():
+    options = preflight.build_options(timeout_s=60)
+    finished = [_rank(0, [_row("default")]), _rank(2, [_row("default")])]
+    unfinished = [RankFailed(1, "timed out", timed_out=True), RankFailed(3, "timed out", timed_out=True)]
+    assert find_problems([finished[0], unfinished[0], finished[1], unfinished[1]], options, timed_out=True) == [
+        "ranks 1, 3 did not finish within 60 s (--timeout-s): a rank is stuck at start-up or in a collective"
+    ]
 
 
 def test_find_problems_names_a_start_up_shortfall_per_half_and_per_value():
@@ -345,15 +401,216 @@ def test_find_problems_names_a_start_up_shortfall_per_half_and_per_value():
 
 
 def test_plan_ray_ranks_one_gpu_bundle_per_gpu_else_two_cpu_bundles():
-    cpu = plan_ray_ranks(None, 0)
+    cpu = plan_ray_ranks(None, 0, 6)
     assert (cpu.world_size, bundle_of(cpu), cpu.env) == (2, {"CPU": 1}, {"CUDA_VISIBLE_DEVICES": ""})
     assert plan_note(cpu, 0) == "no GPU in the Ray cluster: 2 CPU bundles (gloo), strategy PACK"
-    gpu = plan_ray_ranks(None, 8)
+    gpu = plan_ray_ranks(None, 8, 16)
     assert (gpu.world_size, bundle_of(gpu), gpu.env) == (8, {"CPU": 1, "GPU": 1}, {})
     assert plan_note(gpu, 8) == "8 GPU bundles (1 GPU, 1 CPU each), strategy PACK"
-    assert plan_ray_ranks(4, 8).world_size == 4
-    one = plan_ray_ranks(None, 1)
+    assert plan_ray_ranks(4, 8, 16).world_size == 4
+    assert plan_ray_ranks(6, 0, 6).world_size == 6  # a CPU per bundle: as many as the cluster's CPUs
+    one = plan_ray_ranks(None, 1, 6)
     assert bundle_of(one) == {"CPU": 1}  # one GPU cannot hold two NCCL ranks
     assert plan_note(one, 1) == "1 GPU in the Ray cluster, a CUDA run needs 2: 2 CPU bundles (gloo), strategy PACK"
     with pytest.raises(ValueError, match="--nproc 16 exceeds the cluster's 8 GPUs"):
-        plan_ray_ranks(16, 8)
+        plan_ray_ranks(16, 8, 16)
+    with pytest.raises(ValueError, match="--nproc 7 exceeds the cluster's 6 CPUs: a CPU rank's bundle takes one"):
+        plan_ray_ranks(7, 0, 6)
+
+
+# --- typed results, the grace, who reports ----------------------------------------------------------------------
+
+
+def test_a_rank_s_parameters_and_results_cross_a_process_as_json_and_come_back_equal():
+    from nemo_rl_shim.cli.preflight.results import Node, RankParams, outcome_from_json
+
+    params = RankParams({"automodel_cfg": {"distributed_timeout_minutes": 45.0}}, "value", False, 1, 2.5, True)
+    assert RankParams.from_json(json.loads(json.dumps(params.to_json()))) == params
+    offload = OffloadCheck("m", mesh_ranks=(0, 1), ok=True, local_device="cpu", local_shape=(2, 4), full_shape=(4, 4))
+    rows = [_row("default", is_default=True), _row("dp", same_as="default", timeout_minutes_after_init={"cpu": 9.0})]
+    node = Node("n1", "10.0.0.2", "h", 7)
+    checked = dataclasses.replace(
+        _rank(1, rows, offload), gave_up="its cpu all_reduce on group default timed out", warnings=("w",), node=node
+    )
+    failed = RankFailed(2, "did not finish", True, "still running 15 s after x", "log", "all_reduce", 3.5, ("f:1",))
+    for outcome in (checked, failed):
+        assert outcome_from_json(json.loads(json.dumps(outcome.to_json())), outcome.rank) == outcome
+
+
+@pytest.mark.parametrize(
+    "data", [None, "text", {"rows": []}, {"checked": True, "rank": 3}], ids=["none", "text", "untyped", "partial"]
+)
+def test_a_result_that_cannot_be_read_is_that_rank_s_failure_not_a_crash(data):
+    from nemo_rl_shim.cli.preflight.results import outcome_from_json
+
+    outcome = outcome_from_json(data, 3)
+    assert isinstance(outcome, RankFailed) and outcome.rank == 3
+    assert outcome.error.startswith("rank 3 sent a result preflight cannot read"), outcome.error
+
+
+def test_rank_parameters_refuse_a_key_slipped_in():
+    from nemo_rl_shim.cli.preflight.results import RankParams
+
+    with pytest.raises(ValueError, match="rank parameters: unknown key 'stal_rank'"):
+        RankParams.from_json({"section": {}, "stal_rank": 1})
+
+
+def test_the_grace_ends_exactly_the_seconds_its_line_names_after_the_first_cause():
+    import math
+
+    from nemo_rl_shim.cli.preflight.stuck import FAILURE_GRACE_S, Grace
+
+    now = [100.0]
+    grace = Grace(clock=lambda: now[0])
+    assert (grace.started, grace.over(), grace.remaining(), grace.why) == (False, False, math.inf, None)
+    grace.start("rank 0 failed (exit 1)")
+    now[0] += 5.0
+    grace.start("rank 1 gave up on its peers (x)")  # the first cause and its end stay
+    assert grace.why == f"still running {FAILURE_GRACE_S:g} s after rank 0 failed (exit 1)"
+    assert grace.remaining() == pytest.approx(FAILURE_GRACE_S - 5.0)
+    now[0] = 100.0 + FAILURE_GRACE_S - 0.001
+    assert not grace.over()
+    now[0] = 100.0 + FAILURE_GRACE_S
+    assert grace.over() and grace.remaining() == 0.0
+    at_once = Grace(clock=lambda: now[0])
+    at_once.start("rank 0 failed (exit 1)", at_once=True)
+    assert at_once.over() and at_once.why == "still running when rank 0 failed (exit 1)"
+
+
+class _Process:
+    """A rank process as spawn's wait sees it: ``poll()`` gives its exit code from ``exits_at`` on (None: never)."""
+
+    def __init__(self, clock: list[float], exits_at: float | None, code: int) -> None:
+        self.clock, self.exits_at, self.code, self.killed_at = clock, exits_at, code, None
+
+    def poll(self) -> int | None:
+        if self.killed_at is not None:
+            return -9
+        return self.code if self.exits_at is not None and self.clock[0] >= self.exits_at else None
+
+    def kill(self) -> None:
+        self.killed_at = self.clock[0]
+
+    def wait(self) -> int | None:
+        return self.poll()
+
+
+def test_spawn_ends_the_ranks_left_when_the_grace_its_line_names_is_over():
+    """Rank 0 fails at t=10; rank 1 runs on. It is killed at t=10 + the grace, and the reason says that grace."""
+    from nemo_rl_shim.cli.preflight import spawn
+    from nemo_rl_shim.cli.preflight.stuck import FAILURE_GRACE_S, Grace
+
+    now = [0.0]
+
+    def clock() -> float:  # every reading moves on 0.5 s: the wait's loop runs in fake time
+        now[0] += 0.5
+        return now[0]
+
+    processes = [_Process(now, 10.0, 1), _Process(now, None, 0)]
+    timed_out, killed = spawn._wait(processes, 600.0, None, grace=Grace(clock=clock))
+    assert (timed_out, killed) == (False, {1: f"still running {FAILURE_GRACE_S:g} s after rank 0 failed (exit 1)"})
+    assert processes[1].killed_at == pytest.approx(10.0 + FAILURE_GRACE_S, abs=2.0)
+
+
+def _clean_ranks() -> tuple[RankChecked, ...]:
+    return tuple(_rank(r, [_row("default", is_default=True)]) for r in (0, 1))
+
+
+class _FakeRunner(Runner):
+    """A runner that returns ``ranks`` and ``problems`` of its own (a dead Ray actor's, say)."""
+
+    def __init__(self, ranks: tuple[Any, ...], problems: tuple[str, ...] = (), reports: bool = True) -> None:
+        self.ranks, self.problems, self.reports = ranks, problems, reports
+
+    def capacity(self, options):
+        from nemo_rl_shim.cli.preflight.runner import Capacity
+
+        return Capacity(world=len(self.ranks))
+
+    def plan(self, ranks):
+        return RankPlan(len(self.ranks), "fake")
+
+    def run(self, options, ranks, progress):
+        from nemo_rl_shim.cli.preflight.runner import RankRun
+
+        return RankRun("ray", len(self.ranks), self.ranks, problems=self.problems)
+
+
+def _run_on(monkeypatch, runner: Runner, **option_kwargs: Any):
+    from nemo_rl_shim.cli.preflight import run
+
+    monkeypatch.setattr(run, "pick_runner", lambda options, environ=None, last_words=None: runner)
+    return run.run_preflight(preflight.build_options(**option_kwargs))
+
+
+def test_a_runner_s_own_problem_is_kept_when_every_rank_s_rows_are_clean(monkeypatch):
+    died = "rank 1 (actor nemo-rl-shim-preflight-0-rank1 on node 127.0.0.1) died: the actor died unexpectedly"
+    report = _run_on(monkeypatch, _FakeRunner(_clean_ranks(), (died,)))
+    assert (report.ok, report.problems, report.checks_passed) == (False, [died], False)
+    assert _run_on(monkeypatch, _FakeRunner(_clean_ranks())).problems == []  # and clean rows alone pass
+
+
+def test_the_runner_decides_who_reports(monkeypatch):
+    from nemo_rl_shim.cli.preflight.join import JoinRunner
+
+    rank_0, rank_1 = JoinRunner(Launcher("torchrun", 0, 2, 0)), JoinRunner(Launcher("torchrun", 1, 2, 1))
+    assert (rank_0.reports, rank_0.joined, rank_1.reports, rank_1.joined) == (True, True, False, True)
+    silent = _run_on(monkeypatch, _FakeRunner(_clean_ranks(), reports=False))
+    assert (silent.reports, silent.joined) == (False, False)
+
+
+def test_a_config_off_the_checked_path_never_passes_and_says_what_was_checked(monkeypatch, tmp_path):
+    config = tmp_path / "v1.yaml"
+    config.write_text("policy:\n  dtensor_cfg: {_v2: false}\n  automodel_cfg: {distributed_timeout_minutes: 45}\n")
+    report = _run_on(monkeypatch, _FakeRunner(_clean_ranks()), config_path=str(config))
+    assert (report.ok, report.checks_passed) == (False, True)
+    assert report.problems == [report.options.worker_note]
+    v1 = "policy.dtensor_cfg._v2 is False: NeMo RL runs its v1 DTensor worker"
+    assert report.problem.startswith(v1), report.problem
+    text = preflight.render_report(report)
+    assert "OK" not in text, text
+    assert (
+        "checked the Automodel path, which this config does not run (note above): every group carries the configured "
+        "timeout on every backend; collectives work"
+    ) in text.splitlines()
+
+
+def test_a_watchdog_says_its_line_and_its_last_words_then_ends_the_process(capsys):
+    """A joined rank or a Ray driver that hangs is ended by its watchdog (exit 1), after ``last_words``."""
+    import threading
+
+    from nemo_rl_shim.cli.preflight.stuck import watchdog
+
+    said, ended = [], threading.Event()
+    watchdog(0.05, "rank 0 did not finish within 0.05 s (--timeout-s)", said.append, lambda code: ended.set())
+    assert ended.wait(30)
+    assert said == ["rank 0 did not finish within 0.05 s (--timeout-s)"]
+    assert capsys.readouterr().err == "preflight: rank 0 did not finish within 0.05 s (--timeout-s)\n"
+
+
+def test_with_json_the_watchdog_s_last_words_are_the_json_on_stdout(monkeypatch, capfd):
+    """The command gives a runner, with ``--json``, last words that print the JSON stand-in on stdout (then the
+    watchdog ends the process: here the runner raises SystemExit in its place)."""
+    from nemo_rl_shim.cli import main
+    from nemo_rl_shim.cli.preflight import run
+
+    class Hangs(_FakeRunner):
+        def run(self, options, ranks, progress):
+            if self.last_words is None:
+                return super().run(options, ranks, progress)
+            self.last_words("rank 0 did not finish within 300 s (--timeout-s)")
+            raise SystemExit(1)
+
+    runners = []
+
+    def pick(options, environ=None, last_words=None):
+        runners.append(Hangs(_clean_ranks()))
+        runners[-1].last_words = last_words
+        return runners[-1]
+
+    monkeypatch.setattr(run, "pick_runner", pick)
+    with pytest.raises(SystemExit):
+        main(["preflight", "--json"])
+    problem = "rank 0 did not finish within 300 s (--timeout-s)"
+    assert json.loads(capfd.readouterr().out) == {"ok": False, "exit_code": 1, "problem": problem}
+    assert main(["preflight"]) == 0 and runners[-1].last_words is None  # without --json: no last words

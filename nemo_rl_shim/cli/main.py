@@ -9,7 +9,10 @@ cannot be read (one line on stderr).
 The report (table or JSON) is the only thing on standard output: while a command runs,
 file descriptor 1 points at standard error, so whatever a library prints there (Gloo on
 torch 2.10 and older prints ``[Gloo] Rank N is connected to M peer ranks`` from C++ each
-time it creates a group) cannot corrupt it.
+time it creates a group) cannot corrupt it. With ``preflight --json``, standard output holds
+one JSON object on every exit path: the report; or, for bad arguments or input (exit 2), a
+watchdog's end or an unexpected error (exit 1), ``{"ok": false, "exit_code": ..., "problem": ...}``
+(:func:`failure_json`).
 """
 
 from __future__ import annotations
@@ -19,14 +22,40 @@ import dataclasses
 import json
 import os
 import sys
+import traceback
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import TextIO
+from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
-__all__ = ["build_parser", "main"]
+if TYPE_CHECKING:
+    from nemo_rl_shim.cli.preflight import PreflightReport
+
+__all__ = ["build_parser", "failure_json", "main"]
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def failure_json(problem: str, exit_code: int) -> dict[str, Any]:
+    """What ``--json`` prints where there is no report: bad arguments or input, a watchdog's end, an error."""
+    return {"ok": False, "exit_code": exit_code, "problem": problem}
+
+
+class BadArguments(SystemExit):
+    """argparse's exit 2 (usage and message already on stderr), with the message kept for ``--json``."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(EXIT_USAGE)
+        self.message = message
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but an error raises :class:`BadArguments` (a ``SystemExit`` with code 2) that keeps the message."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        raise BadArguments(message)
 
 
 def _positive_int(text: str) -> int:
@@ -120,7 +149,7 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="nemo-rl-shim", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="nemo-rl-shim", description=__doc__.splitlines()[0])
     subparsers = parser.add_subparsers(dest="command", required=True)
     status = subparsers.add_parser("status", help="versions, what setup_distributed would decide, workarounds")
     status.add_argument("--json", action="store_true", help="print JSON")
@@ -180,35 +209,60 @@ def _hang_report(args: argparse.Namespace, out: TextIO) -> int:
     return code
 
 
-def _preflight(args: argparse.Namespace, out: TextIO) -> int:
+def _refuse(args: argparse.Namespace, out: TextIO, problem: str, code: int) -> int:
+    """One line on stderr, and with ``--json`` the same as JSON on stdout; the exit code."""
+    print(f"preflight: {problem}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(failure_json(problem, code), indent=2), file=out, flush=True)
+    return code
+
+
+def _usage_problem(args: argparse.Namespace) -> str | None:
+    if args.ranks is not None and not args.dry_run:
+        return "--ranks chooses the ranks of a dry run: add --dry-run, or leave --ranks out"
+    if args.dry_run and args.ray is not None:
+        return "--dry-run checks the world in this process, --ray on a cluster: choose one"
+    return None
+
+
+def _run_preflight(args: argparse.Namespace, out: TextIO) -> PreflightReport:
+    """The report of the run ``args`` ask for (``ValueError``/``OSError``: bad input)."""
     from nemo_rl_shim.cli import preflight
 
     overrides = {
         key: getattr(args, key)
         for key in ("timeout_minutes", "timeout_minutes_after_init", "cpu_offload", "tp", "cp", "ep", "dp_replicate")
     }
-    if args.ranks is not None and not args.dry_run:
-        print("preflight: --ranks chooses the ranks of a dry run: add --dry-run, or leave --ranks out", file=sys.stderr)
-        return EXIT_USAGE
-    if args.dry_run and args.ray is not None:
-        print("preflight: --dry-run checks the world in this process, --ray on a cluster: choose one", file=sys.stderr)
-        return EXIT_USAGE
     if args.flight_recorder is not None:
         overrides["flight_recorder"] = {"enabled": True, "dump_dir": args.flight_recorder}
+    options = preflight.build_options(
+        args.config, args.role, overrides=overrides, patch=not args.no_patch, nproc=args.nproc,
+        timeout_s=args.timeout_s, stall_rank=args.stall_rank, stall_s=args.stall_s, ray_address=args.ray,
+        recipe_overrides=args.overrides, world=args.world,
+    )  # fmt: skip
+    if args.dry_run:
+        options = dataclasses.replace(options, dry_run=True, all_ranks=args.ranks == "all")
+
+    def last_words(line: str) -> None:  # a watchdog ends the process: the JSON report's stand-in
+        print(json.dumps(failure_json(line, EXIT_FAILED), indent=2), file=out, flush=True)
+
+    return preflight.run_preflight(options, progress=_progress, last_words=last_words if args.json else None)
+
+
+def _preflight(args: argparse.Namespace, out: TextIO) -> int:
+    from nemo_rl_shim.cli import preflight
+
+    problem = _usage_problem(args)
+    if problem is not None:
+        return _refuse(args, out, problem, EXIT_USAGE)
     try:
-        options = preflight.build_options(
-            args.config, args.role, overrides=overrides, patch=not args.no_patch, nproc=args.nproc,
-            timeout_s=args.timeout_s, stall_rank=args.stall_rank, stall_s=args.stall_s, ray_address=args.ray,
-            recipe_overrides=args.overrides, world=args.world,
-        )  # fmt: skip
-        if args.dry_run:
-            options = dataclasses.replace(options, dry_run=True, all_ranks=args.ranks == "all")
-        report = preflight.run_preflight(options, progress=_progress)
+        report = _run_preflight(args, out)
     except (OSError, ValueError) as e:
-        print(f"preflight: {e}", file=sys.stderr)
-        return EXIT_USAGE
-    launcher = None if args.ray is not None or args.dry_run else preflight.detect_launcher()
-    if launcher is None or launcher.rank == 0:
+        return _refuse(args, out, str(e), EXIT_USAGE)
+    except Exception as e:  # not a finding of the checks: say so, with the traceback, and never exit 0
+        traceback.print_exc(file=sys.stderr)
+        return _refuse(args, out, f"preflight itself failed: {type(e).__name__}: {e}", EXIT_FAILED)
+    if report.reports:  # the runner's word: every runner's one process, or rank 0 of a launcher's world
         text = json.dumps(report.to_json(), indent=2, default=str) if args.json else preflight.render_report(report)
         print(text, file=out)
         if report.problem:
@@ -216,7 +270,7 @@ def _preflight(args: argparse.Namespace, out: TextIO) -> int:
         if "hang_report" in report.facts:
             print(f"preflight: {report.facts['hang_report']['summary']}", file=sys.stderr)
     code = EXIT_OK if report.ok else EXIT_FAILED
-    if launcher is not None:
+    if report.joined:
         # This process was a rank of the launcher's world and its groups are gone: end it here, so that
         # torch's background threads cannot abort it during interpreter finalization (seen on torch
         # 2.11 as "terminate called without an active exception", SIGABRT) and change the exit code.
@@ -230,11 +284,17 @@ def _preflight(args: argparse.Namespace, out: TextIO) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; returns the exit code."""
     parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    # Overrides may come between flags, as NeMo RL's examples/run_*.py take them (parse_known_args).
-    unknown = [arg for arg in extra if arg.startswith("-") or args.command != "preflight"]
-    if unknown:
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args, extra = parser.parse_known_args(argv)
+        # Overrides may come between flags, as NeMo RL's examples/run_*.py take them (parse_known_args).
+        unknown = [arg for arg in extra if arg.startswith("-") or args.command != "preflight"]
+        if unknown:
+            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    except BadArguments as e:
+        if "--json" in argv:  # the report's stand-in: stdout holds JSON on this path too
+            print(json.dumps(failure_json(e.message, EXIT_USAGE), indent=2), flush=True)
+        raise
     if extra:
         args.overrides = [*args.overrides, *extra]
     # Noise from megatron_fsdp's import on machines without Transformer Engine/Apex.

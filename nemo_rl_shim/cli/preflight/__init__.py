@@ -3,11 +3,16 @@
 The rooms:
 
 * :mod:`.options` - what to check, from a NeMo RL YAML and the flags, validated before any rank starts;
+* :mod:`.results` - the typed data at the seams: a rank's parameters, a group row, a rank's result
+  (checked or failed), JSON only where they cross a process or a Ray actor;
 * :mod:`.rank_checks` - what every rank runs: the real ``setup_distributed``, then one row per group;
-* :mod:`.runner` - the one interface of the four runners, and the rule "one rank per GPU, else 2 CPU ranks";
+* :mod:`.group_rows` - which groups a rank lists (the one seam for an audit of every group) and each row;
+* :mod:`.runner` - the one interface of the four runners, who reports, and the rule "one rank per GPU, else
+  2 CPU ranks" with the limits that refuse more;
 * :mod:`.spawn` (local processes), :mod:`.join` (a torchrun/srun world), :mod:`.ray_actors` (``--ray``),
   :mod:`.dry_run` (``--dry-run``, on :mod:`.fake_backend`) - the runners;
-* :mod:`.stuck` - the grace after a failure, and how a rank that does not finish is named;
+* :mod:`.stuck` - the grace after a failure (one :class:`~.stuck.Grace` for every runner), and how a rank
+  that does not finish is named;
 * :mod:`.run` - :func:`run_preflight`: sizes the world, runs the runner, assembles the report;
 * :mod:`.report` - what is wrong (one line) and the table or JSON.
 
@@ -31,7 +36,7 @@ compared with the unsharded weight.
 
 Fault injection, for tests only: ``stall_rank`` / ``stall_s`` (``--stall-rank``, ``--stall-s``,
 hidden flags) make one rank sleep after set-up, so its peers wait in a collective on it. A
-spawned run ends ``FAILURE_GRACE_S`` (:mod:`.stuck`) after a peer's collective timed out on it
+spawned run ends ``FAILURE_GRACE_S`` (:class:`.stuck.Grace`) after a peer's collective timed out on it
 (``--timeout-minutes`` shorter than ``--timeout-s``), naming it; else at ``timeout_s``.
 """
 

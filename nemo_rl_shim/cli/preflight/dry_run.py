@@ -11,8 +11,17 @@ no other process. Each rank's default group is the one the real run would have:
 
 Every process group a checked rank creates is recorded: its ranks, the backend of each
 device and each one's timeout. Their number is the number of NCCL communicators the rank
-will hold. A group without the configured timeout, or without its CPU half under CPU
+will hold. The rows are built by the same code as every runner's
+(:func:`~nemo_rl_shim.cli.preflight.rank_checks.check_rank`): the groups the training code
+names, and a row ``unnamed <desc>`` for each group the rank created that no name reaches
+(none expected). A group without the configured timeout, or without its CPU half under CPU
 offload, is a problem (exit 1), as in preflight.
+
+Bounded: before any rank is played, the run is estimated (:func:`estimate`: a checked rank's
+cost is its ``new_group`` calls, one per group of the world, at :data:`SECONDS_PER_NEW_GROUP`
+and :data:`BYTES_PER_NEW_GROUP` each, measured). A run estimated past ``--timeout-s``, or past
+the memory this machine has available, is refused with the estimate (exit 2); otherwise the
+estimate is in the progress line, and ranks not reached by ``--timeout-s`` are named (exit 1).
 
 Which ranks (:func:`sample_ranks`): every rank of a world of up to :data:`ALL_RANKS_UP_TO`;
 above it a sample, or all of them with ``--ranks all``. The mesh is Automodel's
@@ -30,24 +39,62 @@ world of 1) is bad input: exit 2, raised here as ``ValueError``.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import traceback
 import warnings
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from nemo_rl_shim.cli.preflight.fake_backend import GPUS_PER_NODE, fake_backend
+from nemo_rl_shim.cli.preflight.fake_backend import GPUS_PER_NODE, FakeBackend, GroupRecord, fake_backend
+from nemo_rl_shim.cli.preflight.group_rows import GroupListing, groups_to_check
 from nemo_rl_shim.cli.preflight.options import MIN_RANKS, PreflightOptions
-from nemo_rl_shim.cli.preflight.rank_checks import NOT_RUN, check_rank
-from nemo_rl_shim.cli.preflight.runner import PROGRESS_EVERY_S, Capacity, Progress, RankPlan, RankRun, Runner
+from nemo_rl_shim.cli.preflight.rank_checks import check_rank
+from nemo_rl_shim.cli.preflight.results import (
+    CreatedGroup,
+    DryRunFacts,
+    GroupRow,
+    RankChecked,
+    RankFailed,
+    RankOutcome,
+    RankParams,
+)
+from nemo_rl_shim.cli.preflight.runner import (
+    PROGRESS_EVERY_S,
+    Capacity,
+    Progress,
+    RankPlan,
+    RankRun,
+    Runner,
+    available_memory_mib,
+)
+from nemo_rl_shim.cli.preflight.stuck import past_deadline
 from nemo_rl_shim.distributed_setup import ParallelSizes, check_layout, parallel_sizes
 from nemo_rl_shim.rank_ranges import format_ranks
 
-__all__ = ["ALL_RANKS_UP_TO", "LAUNCHER", "DryRunner", "Mesh", "mesh_of", "sample_ranks"]
+__all__ = [
+    "ALL_RANKS_UP_TO",
+    "BYTES_PER_NEW_GROUP",
+    "LAUNCHER",
+    "SECONDS_PER_NEW_GROUP",
+    "DryRunner",
+    "Estimate",
+    "Mesh",
+    "estimate",
+    "mesh_of",
+    "sample_ranks",
+]
 
 LAUNCHER = "dry run"
 #: Worlds up to this size are checked on every rank.
 ALL_RANKS_UP_TO = 64
+#: What one ``new_group`` call costs a checked rank: measured 26-34 us of CPU per call here (2 cores, torch 2.15,
+#: nemo-automodel 0.7.0, 1,024 to 32,768 ranks); benchmarks/README.md has 30-44 us up to 65,536 ranks.
+SECONDS_PER_NEW_GROUP = 40e-6
+#: Memory a checked rank holds per ``new_group`` call at its peak: measured 0.34 KiB (44 MiB more for 131,072 calls
+#: at 32,768 ranks) and 0.6 KiB (benchmarks/README.md, 65,536 ranks); 1 KiB allowed.
+BYTES_PER_NEW_GROUP = 1024
 
 
 @dataclass(frozen=True)
@@ -115,65 +162,142 @@ def _check_input(options: PreflightOptions, world_size: int) -> ParallelSizes:
     return sizes
 
 
-def _extra_rows(result: dict[str, Any], groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """A row for each group the rank created that no name of the meshes reaches (none expected)."""
-    named = {tuple(row["ranks"]) for row in result["rows"]}
-    return [
-        {
-            "group": f"unnamed {group['desc'] or 'group'}",
-            "ranks": group["ranks"],
-            "is_default": False,
-            "backends": group["backends"],
-            "timeout_minutes": group["timeout_minutes"],
-            "cpu_all_reduce": NOT_RUN,
-            "cuda_all_reduce": NOT_RUN,
-            "timeout_minutes_after_init": group.get("timeout_minutes_after_init"),
-        }
-        for group in groups
-        if tuple(group["ranks"]) not in named
-    ]
+@dataclass(frozen=True)
+class Estimate:
+    """What a dry run will cost before it runs: ``checked`` ranks of ``new_group_calls`` each."""
+
+    checked: int
+    new_group_calls: int
+
+    @property
+    def seconds(self) -> float:
+        return self.checked * self.new_group_calls * SECONDS_PER_NEW_GROUP
+
+    @property
+    def memory_mib(self) -> float:
+        return self.new_group_calls * BYTES_PER_NEW_GROUP / 2**20
+
+    def words(self) -> str:
+        """``"8 ranks to check at about 180,248 new_group calls each: about 58 s, and 176 MiB at a rank's peak"``."""
+        seconds = f"about {self.seconds:.0f} s" if self.seconds >= 1 else "under 1 s"
+        memory = f"{self.memory_mib:.0f} MiB" if self.memory_mib >= 1 else "under 1 MiB"
+        return (
+            f"{self.checked} rank{'s' * (self.checked != 1)} to check at about {self.new_group_calls:,} new_group "
+            f"calls each: {seconds}, and {memory} at a rank's peak"
+        )
 
 
-def _check_one(world: Any, rank: int, params: dict[str, Any]) -> dict[str, Any]:
-    """One rank's result, as a spawned rank would return it, plus the groups it created.
+def estimate(mesh: Mesh, world_size: int, checked: int) -> Estimate:
+    """The cost of checking ``checked`` ranks of a ``world_size`` world laid out as ``mesh``.
+
+    Every rank calls ``new_group`` for every group of the world (torch's rule): for each axis of
+    the mesh (pp, of size 1 here, included) and of the MoE mesh, ``world_size / size`` groups; an axis
+    that spans the world reuses the default group. The flattened axes add a few more.
+    """
+    axes = (("pp", 1), *mesh.axes, *mesh.moe_axes)
+    calls = sum(world_size // size for _, size in axes if size < world_size)
+    return Estimate(checked, calls)
+
+
+def _refuse_beyond(cost: Estimate, world_size: int, options: PreflightOptions, available_mib: int | None) -> None:
+    """Raise ``ValueError`` (exit 2, nothing run) for a run estimated past ``--timeout-s`` or this machine's memory."""
+    fewer = " (or leave --ranks all out: a sample covers every group shape)" if options.all_ranks else ""
+    if cost.seconds > options.timeout_s:
+        raise ValueError(
+            f"a dry run of {world_size} ranks is refused before it starts: {cost.words()} "
+            f"({SECONDS_PER_NEW_GROUP * 1e6:g} us a call, measured), past --timeout-s {options.timeout_s:g}; "
+            f"raise --timeout-s to run it{fewer}"
+        )
+    if available_mib is not None and cost.memory_mib > available_mib:
+        raise ValueError(
+            f"a dry run of {world_size} ranks is refused before it starts: {cost.words()}, more than the "
+            f"{available_mib} MiB of memory this machine has available"
+        )
+
+
+def _with_unnamed(records: list[GroupRecord]) -> GroupListing:
+    """The listing of :func:`~nemo_rl_shim.cli.preflight.group_rows.groups_to_check`, then each group the rank created
+    that no name reaches (none expected), as ``unnamed <desc>``: so every group it holds gets a row."""
+
+    def listing(context: Any) -> dict[str, Any]:
+        groups = groups_to_check(context)
+        listed = {id(group) for group in groups.values()}
+        for record in records:
+            if id(record.group) in listed:
+                continue
+            name, n = f"unnamed {record.desc or 'group'}", 1
+            while name in groups:
+                n += 1
+                name = f"unnamed {record.desc or 'group'} ({n})"
+            groups[name] = record.group
+            listed.add(id(record.group))
+        return groups
+
+    return listing
+
+
+def _check_one(world: FakeBackend, rank: int, params: RankParams) -> RankOutcome:
+    """One rank's result, as any runner's rank returns it, with the groups it created (:class:`DryRunFacts`).
 
     The groups are read when the set-up is done (check_rank's ``"after_first_step"`` phase, when its
     rows are read too), and again after it when a steady-state timeout was applied.
     """
     with world.rank(rank, rank % GPUS_PER_NODE) as records:
-        groups: list[dict[str, Any]] = []
+        created: list[CreatedGroup] = []
 
         def phase(what: str) -> None:
             if what == "after_first_step":
-                groups[:] = [record.to_dict() for record in records]
+                created[:] = [record.read() for record in records]
 
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", UserWarning)  # DeviceMesh: "did not set the default device"
-                result = check_rank(params, phase)
+                result = check_rank(params, phase, listing=_with_unnamed(records))
         except (ValueError, NotImplementedError) as e:  # the set-up's own input checks: the same on every rank
             raise ValueError(f"the layout cannot be built on {world.world_size} ranks: {e}") from e
         except Exception:  # anything else is a finding about this rank, as a spawned rank's failure is
-            return {"rank": rank, "error": traceback.format_exc()}
-        if result["timeout_minutes_after_init"] is not None:
-            for group, record in zip(groups, records, strict=True):
-                group["timeout_minutes_after_init"] = record.to_dict()["timeout_minutes"]
-        result["rows"] += _extra_rows(result, groups)
-        result["process_groups"] = len(records)
-        result["new_group_calls"] = world.new_group_calls
-        result["groups"] = groups
-        return result
+            return RankFailed(rank, traceback.format_exc())
+        if result.timeout_minutes_after_init is not None:
+            created = [
+                dataclasses.replace(group, timeout_minutes_after_init=record.read().timeout_minutes)
+                for group, record in zip(created, records, strict=True)
+            ]
+        return dataclasses.replace(result, dry_run=DryRunFacts(tuple(created), world.new_group_calls))
+
+
+def _shared(rows: Sequence[GroupRow]) -> str:
+    """``"dp_shard, dp are the default group"``: rows that are the same group as an earlier row."""
+    same: dict[str, list[str]] = {}
+    for row in rows:
+        if row.same_as is not None:
+            same.setdefault(row.same_as, []).append(row.group)
+    return "; ".join(f"{', '.join(names)} {'are' if len(names) > 1 else 'is'} group {of}" for of, names in same.items())
+
+
+def _groups_line(ranks: Sequence[RankChecked]) -> str:
+    """How many groups each checked rank holds, and how the table's rows show them (a row per name: names of
+    the same group share it)."""
+    by_shape: dict[tuple[int, int, str], list[int]] = {}
+    for result in ranks:
+        groups = result.dry_run.process_groups if result.dry_run is not None else len(result.rows)
+        by_shape.setdefault((groups, len(result.rows), _shared(result.rows)), []).append(result.rank)
+    parts = []
+    for (groups, rows, shared), on in sorted(by_shape.items()):
+        part = f"{groups} on rank{'s' * (len(on) > 1)} {format_ranks(on)}"
+        if rows != groups:
+            part += f", shown as the table's {rows} rows" + (f" ({shared})" if shared else "")
+        parts.append(part)
+    calls = next((r.dry_run.new_group_calls for r in ranks if r.dry_run is not None), 0)
+    return (
+        f"process groups per rank (= NCCL communicators it will hold): {'; '.join(parts) or 'none checked'}; "
+        f"new_group calls per rank: {calls}"
+    )
 
 
 def _details(
-    checked: dict[int, str], ranks: list[dict[str, Any]], world_size: int, source: str, source_shown: bool
-) -> list[str]:
-    by_count: dict[int, list[int]] = {}
-    for result in ranks:
-        if "process_groups" in result:
-            by_count.setdefault(result["process_groups"], []).append(result["rank"])
-    counts = "; ".join(f"{n} on rank{'s' * (len(r) > 1)} {format_ranks(r)}" for n, r in sorted(by_count.items()))
-    calls = next((r["new_group_calls"] for r in ranks if "new_group_calls" in r), 0)
+    checked: Mapping[int, str], ranks: Sequence[RankOutcome], world_size: int, source: str, source_shown: bool,
+    cost: Estimate,
+) -> list[str]:  # fmt: skip
     if len(checked) == world_size:
         which = f"all {world_size}"
     else:
@@ -182,7 +306,8 @@ def _details(
         *([] if source_shown else [f"training world: {world_size} ranks, from {source}"]),
         "dry run: every checked rank set up in this process on torch's fake backend; no collective run",
         f"checked ranks: {which}",
-        f"process groups per rank (= NCCL communicators it will hold): {counts}; new_group calls per rank: {calls}",
+        f"estimated before the run: {cost.words()}",
+        _groups_line([r for r in ranks if isinstance(r, RankChecked)]),
     ]
 
 
@@ -197,7 +322,13 @@ def _without_recorder(section: dict[str, Any]) -> dict[str, Any]:
 
 
 class DryRunner(Runner):
-    """Every checked rank of the training world, played in turn by this process; see the module docstring."""
+    """Every checked rank of the training world, played in turn by this process; see the module docstring.
+
+    ``available_mib``: the memory a dry run may take (default: what this machine has available now).
+    """
+
+    def __init__(self, available_mib: int | None = None) -> None:
+        self.available_mib = available_mib if available_mib is not None else available_memory_mib()
 
     def capacity(self, options: PreflightOptions) -> Capacity:
         return Capacity(world=_world_and_source(options)[0])
@@ -206,27 +337,58 @@ class DryRunner(Runner):
         return RankPlan(ranks or MIN_RANKS, "fake")
 
     def run(self, options: PreflightOptions, ranks: RankPlan, progress: Progress) -> RankRun:
-        """Raises ``ValueError`` for a layout that cannot be built on that world (exit 2)."""
+        """Raises ``ValueError`` (exit 2) for a layout that cannot be built on that world, or a run estimated past
+        ``--timeout-s`` or this machine's memory."""
         world_size, source = ranks.world_size, _world_and_source(options)[1]
         sizes = _check_input(options, world_size)
-        checked = sample_ranks(mesh_of(sizes, world_size), world_size, every_rank=options.all_ranks)
-        section = _without_recorder(options.section)
-        params = {**options.params(), "section": section, "dry_run": True, "stall_rank": None}
-        progress(f"dry run of {world_size} ranks ({source}): checking {len(checked)} rank(s) in this process...")
-        start = last = time.monotonic()
-        rows = []
-        with fake_backend(world_size) as world:
-            for done, rank in enumerate(checked, 1):
-                rows.append(_check_one(world, rank, params))
-                if time.monotonic() - last >= PROGRESS_EVERY_S:
-                    last = time.monotonic()
-                    progress(f"{done} of {len(checked)} ranks checked, {last - start:.0f} s")
+        mesh = mesh_of(sizes, world_size)
+        checked = sample_ranks(mesh, world_size, every_rank=options.all_ranks)
+        cost = estimate(mesh, world_size, len(checked))
+        _refuse_beyond(cost, world_size, options, self.available_mib)
+        params = dataclasses.replace(
+            options.rank_params(), section=_without_recorder(options.section), dry_run=True, stall_rank=None
+        )
+        progress(f"dry run of {world_size} ranks ({source}): {cost.words()}, in this process...")
+        outcomes, unreached = self._play(checked, world_size, params, options.timeout_s, progress)
         facts = {
             "dry_run": {
                 "world_source": source,
                 "checked_ranks": {str(rank): why for rank, why in checked.items()},
-                "process_groups": {str(r["rank"]): r["process_groups"] for r in rows if "process_groups" in r},
+                "estimate": {"new_group_calls": cost.new_group_calls, "seconds": round(cost.seconds, 1),
+                             "memory_mib": round(cost.memory_mib, 1)},
+                "process_groups": {
+                    str(r.rank): r.dry_run.process_groups
+                    for r in outcomes
+                    if isinstance(r, RankChecked) and r.dry_run is not None
+                },
             }
-        }
-        details = _details(checked, rows, world_size, source, options.world_size is not None)
-        return RankRun(LAUNCHER, world_size, rows, details=details, facts=facts)
+        }  # fmt: skip
+        details = _details(checked, outcomes, world_size, source, options.world_size is not None, cost)
+        problems = ()
+        if unreached:
+            where = "the dry run plays one rank after another, and did not reach these"
+            problems = (past_deadline(unreached, options.timeout_s, where),)
+        return RankRun(
+            LAUNCHER, world_size, outcomes, timed_out=bool(unreached), problems=problems, details=tuple(details),
+            facts=facts,
+        )  # fmt: skip
+
+    @staticmethod
+    def _play(
+        checked: Mapping[int, str], world_size: int, params: RankParams, timeout_s: float, progress: Progress
+    ) -> tuple[tuple[RankOutcome, ...], list[int]]:
+        """Each checked rank in turn, until ``timeout_s``; the results, and the ranks not reached by then."""
+        start = last = time.monotonic()
+        outcomes: list[RankOutcome] = []
+        unreached: list[int] = []
+        with fake_backend(world_size) as world:
+            for done, rank in enumerate(checked, 1):
+                if time.monotonic() - start > timeout_s:
+                    unreached.append(rank)
+                    outcomes.append(RankFailed(rank, "not checked: the dry run reached --timeout-s", timed_out=True))
+                    continue
+                outcomes.append(_check_one(world, rank, params))
+                if time.monotonic() - last >= PROGRESS_EVERY_S:
+                    last = time.monotonic()
+                    progress(f"{done} of {len(checked)} ranks checked, {last - start:.0f} s")
+        return tuple(outcomes), unreached

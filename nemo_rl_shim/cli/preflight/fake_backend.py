@@ -51,6 +51,7 @@ from torch.distributed.distributed_c10d import BackendConfig
 
 import automodel_patch
 from automodel_patch._target import MESH_MODULE, MESH_UTILS_MODULE
+from nemo_rl_shim.cli.preflight.results import CreatedGroup
 from nemo_rl_shim.cli.preflight.runner import rank_env
 
 __all__ = ["GPUS_PER_NODE", "FakeBackend", "GroupRecord", "fake_backend"]
@@ -136,15 +137,16 @@ class GroupRecord:
     desc: str | None
     group: _RecordedGroup
 
-    def to_dict(self) -> dict[str, Any]:
+    def read(self) -> CreatedGroup:
+        """The group as it is now: each backend's name and timeout."""
         halves = self.group.halves
-        return {
-            "desc": self.desc,
-            "ranks": self.ranks,
-            "backend": self.backend,
-            "backends": {device: half.name() for device, half in halves.items()},
-            "timeout_minutes": {device: half.options._timeout.total_seconds() / 60 for device, half in halves.items()},
-        }
+        return CreatedGroup(
+            desc=self.desc,
+            ranks=tuple(self.ranks),
+            backend=self.backend,
+            backends={device: half.name() for device, half in halves.items()},
+            timeout_minutes={device: half.options._timeout.total_seconds() / 60 for device, half in halves.items()},
+        )
 
 
 @dataclass

@@ -17,6 +17,7 @@ from typing import Any
 
 from nemo_rl_shim import config as cfg
 from nemo_rl_shim.cli.nemo_rl import read_config, training_world_of, worker_note
+from nemo_rl_shim.cli.preflight.results import RankParams
 from nemo_rl_shim.distributed_setup import parallel_sizes
 
 __all__ = [
@@ -81,15 +82,9 @@ class PreflightOptions:
         block = cfg.automodel_cfg({self.role: self.section}, self.role)
         return cfg.flight_recorder(block, f"{self.role}.automodel_cfg")
 
-    def params(self) -> dict[str, Any]:
-        """The JSON params every rank's :func:`check_rank` receives."""
-        return {
-            "section": self.section,
-            "role": self.role,
-            "cpu_offload": self.cpu_offload,
-            "stall_rank": self.stall_rank,
-            "stall_s": self.stall_s,
-        }
+    def rank_params(self) -> RankParams:
+        """What every rank's :func:`~nemo_rl_shim.cli.preflight.rank_checks.check_rank` receives."""
+        return RankParams(self.section, self.role, self.cpu_offload, self.stall_rank, self.stall_s, self.dry_run)
 
 
 _AUTOMODEL_OVERRIDES = {
@@ -142,6 +137,7 @@ def ranks_for_world(options: PreflightOptions, capacity: int, here: str) -> int 
 
 def _apply_flags(section: dict[str, Any], role: cfg.Role, overrides: Mapping[str, Any], patch: bool) -> bool:
     """The flags' ``overrides`` written into ``section`` (in place), then the section checked; its ``cpu_offload``."""
+    cfg.automodel_cfg({role: section}, role)  # a mapping of known keys (the flags add only known ones)
     automodel = section["automodel_cfg"] = dict(section.get("automodel_cfg") or {})
     dtensor = section["dtensor_cfg"] = dict(section.get("dtensor_cfg") or {})
     for key, value in overrides.items():

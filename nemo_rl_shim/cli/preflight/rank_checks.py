@@ -1,14 +1,17 @@
 """The per-rank half of ``nemo-rl-shim preflight``: real set-up, then one row of facts per process group.
 
 :func:`check_rank` runs on every rank: spawned by :func:`nemo_rl_shim.cli.preflight.spawn.spawn_ranks`,
-under torchrun / srun, or in a Ray actor (:mod:`nemo_rl_shim.cli.preflight.ray_actors`). It calls the
-real :func:`~nemo_rl_shim.distributed_setup.setup_distributed`, then reads each
-process group's ranks, backend per device and timeout per backend from the
-group itself, and runs a CPU and a CUDA all-reduce on it. With CPU offload it
-also shards a parameter with FSDP2's ``CPUOffloadPolicy`` on the ``dp`` mesh
-and rebuilds it with ``full_tensor()``. Failures are recorded, not raised, so
-the parent can name them; the rank leaves its process groups up (the caller
-tears them down after gathering).
+under torchrun / srun, in a Ray actor (:mod:`nemo_rl_shim.cli.preflight.ray_actors`), or played by the dry
+run. It calls the real :func:`~nemo_rl_shim.distributed_setup.setup_distributed`, then, for each group
+the listing gives (:func:`~nemo_rl_shim.cli.preflight.group_rows.groups_to_check`, the seam), reads its
+ranks, backend per device and timeout per backend from the group itself, and runs a CPU and a CUDA
+all-reduce on it. With CPU offload it also shards a parameter with FSDP2's ``CPUOffloadPolicy`` on the
+``dp`` mesh and rebuilds it with ``full_tensor()``. Failures are recorded, not raised, so the parent can
+name them; the rank leaves its process groups up (the caller tears them down after gathering).
+
+It takes a :class:`~nemo_rl_shim.cli.preflight.results.RankParams` and returns a
+:class:`~nemo_rl_shim.cli.preflight.results.RankChecked`; :func:`check_rank_json` is the same across a
+process or a Ray actor (JSON in, JSON out).
 
 Once a collective times out or loses its peer, the rank gives up on its peers: the
 collectives left, the ``full_tensor()`` check and the steady-timeout barrier would each
@@ -23,19 +26,21 @@ import os
 import socket
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from nemo_rl_shim.cli.preflight.group_rows import GroupListing, groups_to_check, row_of, with_steady_timeouts
+from nemo_rl_shim.cli.preflight.results import GroupRow, OffloadCheck, RankChecked, RankParams
 from nemo_rl_shim.distributed_setup import RuntimeConfig, setup_distributed
 from nemo_rl_shim.error_line import first_line
 from nemo_rl_shim.flight_recorder import dump_on_timeout
-from nemo_rl_shim.groups import axis_mesh, backend_timeouts, group_backends, named_groups
+from nemo_rl_shim.groups import axis_mesh, group_backends
 from nemo_rl_shim.timeouts import after_first_step
 
-__all__ = ["NOT_RUN", "OFFLOAD_METHOD", "SKIPPED", "check_rank", "gave_up_on_peers"]
+__all__ = ["NOT_RUN", "OFFLOAD_METHOD", "SKIPPED", "check_rank", "check_rank_json"]
 
 OFFLOAD_METHOD = "fully_shard(mesh=dp, offload_policy=CPUOffloadPolicy(pin_memory=False)) on an nn.Linear"
 #: What a dry run reports for a collective: its groups are on torch's fake backend.
@@ -45,10 +50,6 @@ SKIPPED = "skipped (an earlier collective timed out)"
 #: Words of an error that says a peer stalled or died: Gloo's "Timed out waiting 12000ms for recv
 #: operation", "Connection closed by peer"; NCCL's watchdog "collective operation timeout".
 _PEER_LOST = ("timed out", "timeout", "closed by peer", "connection reset")
-
-
-def _minutes(group: Any) -> dict[str, float]:
-    return {device: timeout.total_seconds() / 60 for device, timeout in backend_timeouts(group).items()}
 
 
 def _all_reduce(group: Any, device: torch.device) -> str:
@@ -64,7 +65,7 @@ def _all_reduce(group: Any, device: torch.device) -> str:
     return "ok" if value.item() == expected else f"failed: sum {value.item():g}, expected {expected:g}"
 
 
-def _cpu_all_reduce(group: Any, backends: dict[str, str], cpu_offload: bool) -> str:
+def _cpu_all_reduce(group: Any, backends: Mapping[str, str], cpu_offload: bool) -> str:
     # Without CPU offload an NCCL-only group is correct and a CPU collective on it is not
     # expected to work; under CPU offload the attempt is the regression check itself.
     if "cpu" not in backends and not cpu_offload:
@@ -72,7 +73,7 @@ def _cpu_all_reduce(group: Any, backends: dict[str, str], cpu_offload: bool) -> 
     return _all_reduce(group, torch.device("cpu"))
 
 
-def _cuda_all_reduce(group: Any, backends: dict[str, str]) -> str:
+def _cuda_all_reduce(group: Any, backends: Mapping[str, str]) -> str:
     if not torch.cuda.is_available():
         return "n/a (no CUDA device)"
     if "cuda" not in backends:
@@ -80,60 +81,53 @@ def _cuda_all_reduce(group: Any, backends: dict[str, str]) -> str:
     return _all_reduce(group, torch.device("cuda", torch.cuda.current_device()))
 
 
-def _lost_a_peer(row: dict[str, Any]) -> str | None:
+def _lost_a_peer(row: GroupRow) -> str | None:
     """``"its cpu all_reduce on group default timed out"`` when the row's collective timed out or lost its peer."""
-    for kind in ("cpu", "cuda"):
-        outcome = row[f"{kind}_all_reduce"].lower()
-        if outcome.startswith("failed") and any(word in outcome for word in _PEER_LOST):
-            how = "timed out" if "time" in outcome else "lost its peer"
-            return f"its {kind} all_reduce on group {row['group']} {how}"
+    for kind, outcome in (("cpu", row.cpu_all_reduce), ("cuda", row.cuda_all_reduce)):
+        lowered = outcome.lower()
+        if lowered.startswith("failed") and any(word in lowered for word in _PEER_LOST):
+            how = "timed out" if "time" in lowered else "lost its peer"
+            return f"its {kind} all_reduce on group {row.group} {how}"
     return None
 
 
-def gave_up_on_peers(result: Any) -> str | None:
-    """What a rank's result (:func:`check_rank`) says it stopped waiting on, if it gave up on its peers."""
-    return result.get("gave_up") if isinstance(result, dict) else None
-
-
-def _group_row(name: str, group: Any, cpu_offload: bool, dry_run: bool = False, skip: bool = False) -> dict[str, Any]:
-    backends = group_backends(group)
+def _group_row(name: str, group: Any, earlier: Mapping[str, Any], params: RankParams, skip: bool) -> GroupRow:
+    """The row of one group, with its collectives run (or not run in a dry run, or skipped after a lost peer)."""
     if skip:
         cpu = cuda = SKIPPED
+    elif params.dry_run:
+        cpu = cuda = NOT_RUN
     else:
-        cpu = NOT_RUN if dry_run else _cpu_all_reduce(group, backends, cpu_offload)
-        cuda = NOT_RUN if dry_run else _cuda_all_reduce(group, backends)
-    return {
-        "group": name,
-        "ranks": dist.get_process_group_ranks(group),
-        "is_default": group is dist.group.WORLD,
-        "backends": backends,
-        "timeout_minutes": _minutes(group),
-        "cpu_all_reduce": cpu,
-        "cuda_all_reduce": cuda,
-        "timeout_minutes_after_init": None,
-    }
+        backends = group_backends(group)
+        cpu, cuda = _cpu_all_reduce(group, backends, params.cpu_offload), _cuda_all_reduce(group, backends)
+    return row_of(name, group, earlier, cpu, cuda)
 
 
-def _offload_check(device_mesh: Any) -> dict[str, Any]:
+def _offload_check(device_mesh: Any) -> OffloadCheck:
     """Shard a CPU-offloaded parameter on the dp mesh and rebuild it with ``full_tensor()``."""
     from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 
     dp = axis_mesh(device_mesh, "dp")
-    facts: dict[str, Any] = {"method": OFFLOAD_METHOD, "mesh": "dp", "mesh_ranks": dp.mesh.flatten().tolist()}
+    mesh_ranks = tuple(dp.mesh.flatten().tolist())
     torch.manual_seed(0)  # same reference weight on every rank
     module = torch.nn.Linear(4, 2 * dp.size(), bias=False)
     reference = module.weight.detach().clone()
+    local = None
     try:
         fully_shard(module, mesh=dp, offload_policy=CPUOffloadPolicy(pin_memory=False))
         local = module.weight.to_local()
-        facts.update(local_device=str(local.device), local_shape=list(local.shape))
         full = module.weight.full_tensor()
-        facts.update(full_shape=list(full.shape), ok=bool(torch.equal(full.cpu(), reference)))
-        if not facts["ok"]:
-            facts["error"] = "full_tensor() differs from the unsharded weight"
     except Exception as e:  # "No backend type associated with device type cpu" is the regression
-        facts.update(ok=False, error=first_line(e))
-    return facts
+        return OffloadCheck(
+            OFFLOAD_METHOD, mesh_ranks=mesh_ranks, ok=False, error=first_line(e),
+            local_device=None if local is None else str(local.device),
+            local_shape=None if local is None else tuple(local.shape),
+        )  # fmt: skip
+    ok = bool(torch.equal(full.cpu(), reference))
+    return OffloadCheck(
+        OFFLOAD_METHOD, mesh_ranks=mesh_ranks, ok=ok, local_device=str(local.device), local_shape=tuple(local.shape),
+        full_shape=tuple(full.shape), error=None if ok else "full_tensor() differs from the unsharded weight",
+    )  # fmt: skip
 
 
 def _cuda_device() -> int:
@@ -146,60 +140,64 @@ def _cuda_device() -> int:
     return local_rank if local_rank < torch.cuda.device_count() else 0
 
 
-def check_rank(params: dict[str, Any], phase: Callable[[str], None] | None = None) -> dict[str, Any]:
+def check_rank(
+    params: RankParams, phase: Callable[[str], None] | None = None, listing: GroupListing = groups_to_check
+) -> RankChecked:
     """Set up this rank for real and return its facts; see the module docstring.
 
-    ``params``: ``section`` (the role's config section), ``role``, ``cpu_offload``,
-    and the fault injection ``stall_rank`` / ``stall_s``: that rank sleeps
-    ``stall_s`` seconds after set-up, so its peers wait in a collective on it.
-    ``phase`` is told what the rank is doing as it goes, so a runner that gives up on
-    a stuck rank can say where it was. ``dry_run`` (:mod:`nemo_rl_shim.cli.preflight.dry_run`): the
-    groups are on torch's fake backend, so no collective and no ``full_tensor()`` check runs;
-    each is reported as :data:`NOT_RUN`.
+    ``phase`` is told what the rank is doing as it goes, so a runner that gives up on a stuck rank
+    can say where it was. ``listing`` gives the groups to check from the set-up's context
+    (:func:`~nemo_rl_shim.cli.preflight.group_rows.groups_to_check`, the seam, unless the caller
+    adds to it). ``params.stall_rank`` (fault injection) sleeps ``params.stall_s`` after set-up.
     """
     phase = phase or (lambda what: None)
     rank = int(os.environ["RANK"])
-    dry_run = bool(params.get("dry_run"))
-    if torch.cuda.is_available() and not dry_run:
+    if torch.cuda.is_available() and not params.dry_run:
         torch.cuda.set_device(_cuda_device())
     phase("setup_distributed")
     # The decision's warning is in the report; recorded here so it is not printed once per rank.
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", RuntimeWarning)
-        context = setup_distributed(
-            params["section"], RuntimeConfig(cpu_offload=params["cpu_offload"]), role=params.get("role", "policy")
-        )
-    if params.get("stall_rank") == rank:
-        phase(f"stalling {params.get('stall_s', 0.0):g} s after set-up (fault injection)")
-        print(f"rank {rank}: stalling {params.get('stall_s', 0.0):g} s after set-up (fault injection)", flush=True)
-        time.sleep(float(params.get("stall_s", 0.0)))
-    groups = named_groups(context.device_mesh, context.moe_mesh)
-    rows: list[dict[str, Any]] = []
+        context = setup_distributed(dict(params.section), RuntimeConfig(cpu_offload=params.cpu_offload),
+                                    role=params.role)  # type: ignore[arg-type]  # fmt: skip
+    if params.stall_rank == rank:
+        phase(f"stalling {params.stall_s:g} s after set-up (fault injection)")
+        print(f"rank {rank}: stalling {params.stall_s:g} s after set-up (fault injection)", flush=True)
+        time.sleep(params.stall_s)
+    groups = listing(context)
+    rows: list[GroupRow] = []
+    seen: dict[str, Any] = {}
     gave_up = None
     for name, group in groups.items():
         phase(f"all_reduce on group {name}")
-        rows.append(_group_row(name, group, params["cpu_offload"], dry_run, skip=gave_up is not None))
+        rows.append(_group_row(name, group, seen, params, skip=gave_up is not None))
+        seen[name] = group
         gave_up = gave_up or _lost_a_peer(rows[-1])
     offload = None
-    if params["cpu_offload"] and not dry_run:
+    if params.cpu_offload and not params.dry_run:
         phase("full_tensor() of a CPU-offloaded parameter")
-        skipped = {"method": OFFLOAD_METHOD, "skipped": SKIPPED}
+        skipped = OffloadCheck(OFFLOAD_METHOD, skipped=SKIPPED)
         offload = _offload_check(context.device_mesh) if gave_up is None else skipped
     phase("after_first_step")
+    checked = tuple(rows)
     if gave_up is None and after_first_step(context):
-        for row, group in zip(rows, groups.values(), strict=True):
-            row["timeout_minutes_after_init"] = _minutes(group)
+        checked = with_steady_timeouts(checked, groups)
     phase("done")
-    return {
-        "rank": rank,
-        "host": socket.gethostname(),
-        "world_size": dist.get_world_size(),
-        "default_backend": str(dist.get_backend()),
-        "device": "cuda" if torch.cuda.is_available() else "cpu",
-        "decision": context.decision.to_dict(),
-        "timeout_minutes_after_init": context.timeout_minutes_after_init,
-        "rows": rows,
-        "offload": offload,
-        "gave_up": gave_up,
-        "warnings": [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)],
-    }
+    return RankChecked(
+        rank=rank,
+        host=socket.gethostname(),
+        world_size=dist.get_world_size(),
+        default_backend=str(dist.get_backend()),
+        device="cuda" if torch.cuda.is_available() else "cpu",
+        decision=context.decision.to_dict(),
+        timeout_minutes_after_init=context.timeout_minutes_after_init,
+        rows=checked,
+        offload=offload,
+        gave_up=gave_up,
+        warnings=tuple(str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)),
+    )
+
+
+def check_rank_json(params: dict[str, Any]) -> dict[str, Any]:
+    """:func:`check_rank` across a process or a Ray actor: :class:`RankParams` JSON in, its result as JSON out."""
+    return check_rank(RankParams.from_json(params)).to_json()

@@ -18,8 +18,10 @@ then is named with what it was doing, for how long, and where (each actor answer
 call while its checks run: a long ``setup_distributed`` is a slow or stuck start, not a stalled
 peer; the JSON report adds the rank's innermost Python frames). An actor that dies, or whose
 checks gave up on a stalled peer (a collective timed out), is named at once and the others get
-``FAILURE_GRACE_S`` (:mod:`~nemo_rl_shim.cli.preflight.stuck`) to finish; one still running
-then is named with its phase. The actors
+the grace (:class:`~nemo_rl_shim.cli.preflight.stuck.Grace`, as spawned ranks do) to finish; one
+still running then is named with its phase. Each actor's parameters and result cross as JSON
+(:mod:`~nemo_rl_shim.cli.preflight.results`). More CPU ranks than the cluster has CPUs, or more CUDA
+ranks than GPUs, are refused before anything is placed. The actors
 and the placement group are removed on every path, failure included,
 and the driver disconnects.
 """
@@ -34,12 +36,23 @@ import threading
 import time
 import traceback
 import uuid
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from nemo_rl_shim.cli.preflight.options import MIN_RANKS, PreflightOptions
-from nemo_rl_shim.cli.preflight.rank_checks import gave_up_on_peers
-from nemo_rl_shim.cli.preflight.runner import Capacity, Progress, RankPlan, RankRun, Runner, plan_ranks, rank_env
-from nemo_rl_shim.cli.preflight.stuck import FAILURE_GRACE_S, after_grace, past_deadline, still_running, watchdog
+from nemo_rl_shim.cli.preflight.results import Node, RankFailed, RankOutcome, outcome_from_json
+from nemo_rl_shim.cli.preflight.runner import (
+    Capacity,
+    Progress,
+    RankLimit,
+    RankPlan,
+    RankRun,
+    Runner,
+    plan_ranks,
+    rank_env,
+)
+from nemo_rl_shim.cli.preflight.stuck import Grace, after_grace, past_deadline, watchdog
 from nemo_rl_shim.error_line import first_line
 
 __all__ = ["RayRunner", "bundle_of", "plan_note", "plan_ray_ranks"]
@@ -51,9 +64,13 @@ WATCHDOG_GRACE_S = 60.0
 _PHASE_ANSWER_S = 5.0
 
 
-def plan_ray_ranks(nproc: int | None, cluster_gpus: int) -> RankPlan:
-    """One rank per GPU of the cluster with two GPUs or more, else ``nproc`` (default 2) CPU ranks."""
-    return plan_ranks(nproc, cluster_gpus, f"the cluster's {cluster_gpus} GPUs")
+def plan_ray_ranks(nproc: int | None, cluster_gpus: int, cluster_cpus: int) -> RankPlan:
+    """One rank per GPU of the cluster with two GPUs or more, else ``nproc`` (default 2) CPU ranks, one CPU each."""
+    return plan_ranks(
+        nproc,
+        RankLimit(cluster_gpus, f"the cluster's {cluster_gpus} GPUs"),
+        RankLimit(cluster_cpus, f"the cluster's {cluster_cpus} CPUs: a CPU rank's bundle takes one"),
+    )
 
 
 def bundle_of(plan: RankPlan) -> dict[str, float]:
@@ -105,17 +122,19 @@ class _PreflightRank:
         self._phase, self._since = what, time.monotonic()
 
     def run(self, env: dict[str, str], params: dict[str, Any]) -> dict[str, Any]:
+        """This rank's checks: :class:`~.results.RankParams` JSON in, a :data:`~.results.RankOutcome`'s JSON out."""
         os.environ.update(env)
         self._thread = threading.get_ident()
         self._set_phase("importing torch and nemo-automodel")
         import torch.distributed as dist
 
         from nemo_rl_shim.cli.preflight.rank_checks import check_rank
+        from nemo_rl_shim.cli.preflight.results import RankParams
 
         try:
-            return check_rank(params, phase=self._set_phase)
+            return check_rank(RankParams.from_json(params), phase=self._set_phase).to_json()
         except Exception:
-            return {"rank": int(env["RANK"]), "error": traceback.format_exc()}
+            return RankFailed(int(env["RANK"]), traceback.format_exc()).to_json()
         finally:
             if dist.is_initialized():
                 dist.destroy_process_group()
@@ -136,10 +155,10 @@ def _innermost_frames(thread: int | None, depth: int = 8) -> list[str]:
     return [f"{short(f.filename)}:{f.lineno} in {f.name}" for f in frames]
 
 
-def _in_phase(result: dict[str, Any]) -> str:
+def _in_phase(result: RankFailed) -> str:
     """``all_reduce on group default for 78 s``: how long tells a slow start from a stuck one."""
-    seconds = result.get("phase_s")
-    return result["phase"] if seconds is None else f"{result['phase']} for {seconds:.0f} s"
+    what = result.phase or "an unknown phase"
+    return what if result.phase_s is None else f"{what} for {result.phase_s:.0f} s"
 
 
 class _Placement:
@@ -150,7 +169,7 @@ class _Placement:
         self.deadline = deadline
         self.group: Any = None
         self.actors: list[Any] = []
-        self.nodes: list[dict[str, Any]] = []
+        self.nodes: list[Node] = []
 
     def remaining(self) -> float:
         return max(0.0, self.deadline - time.monotonic())
@@ -175,7 +194,7 @@ class _Placement:
             return (
                 f"{len(refs) - len(located)} of {len(refs)} actors did not start within {timeout_s:g} s (--timeout-s)"
             )
-        self.nodes = ray.get(refs)
+        self.nodes = [Node.from_json(node) for node in ray.get(refs)]
         return None
 
     def _start_actors(self, count: int, bundle: dict[str, float]) -> None:
@@ -198,13 +217,13 @@ class _Placement:
         """Each actor's torch.distributed environment: they meet on rank 0's node (loopback on one node)."""
         import ray
 
-        one_node = len({n["node_id"] for n in self.nodes}) == 1
-        master = "127.0.0.1" if one_node else self.nodes[0]["node_ip"]
+        one_node = len({n.node_id for n in self.nodes}) == 1
+        master = "127.0.0.1" if one_node else self.nodes[0].node_ip
         port = ray.get(self.actors[0].free_port.remote(), timeout=max(1.0, self.remaining()))
         seen: dict[str, int] = {}
         envs = []
         for rank, node in enumerate(self.nodes):
-            local_rank = seen[node["node_id"]] = seen.get(node["node_id"], -1) + 1
+            local_rank = seen[node.node_id] = seen.get(node.node_id, -1) + 1
             envs.append(
                 {
                     **plan.env,
@@ -217,19 +236,26 @@ class _Placement:
         return envs
 
     def describe(self, rank: int) -> str:
-        node = self.nodes[rank] if rank < len(self.nodes) else {}
-        return f"rank {rank} (actor {self.tag}-rank{rank} on node {node.get('node_ip', '?')})"
+        where = self.nodes[rank].node_ip if rank < len(self.nodes) else "?"
+        return f"rank {rank} (actor {self.tag}-rank{rank} on node {where})"
 
-    def phase(self, rank: int) -> dict[str, Any]:
-        """``{"phase": what, "phase_s": for how long, "stack": innermost frames}`` as the actor says (``phase_s``
-        None, and no ``stack``, if it cannot)."""
+    def node(self, rank: int) -> Node | None:
+        return self.nodes[rank] if rank < len(self.nodes) else None
+
+    def unfinished(self, rank: int) -> RankFailed:
+        """Rank ``rank``, which did not finish: what its actor says it was doing, for how long, and where (its
+        innermost frames); an unknown phase, and no time, if the actor cannot say."""
         import ray
 
         try:
             what, seconds, frames = ray.get(self.actors[rank].phase.remote(), timeout=_PHASE_ANSWER_S)
         except Exception as e:  # a dead or wedged actor cannot say; that is the finding
-            return {"phase": f"an unknown phase (the actor did not answer: {type(e).__name__})", "phase_s": None}
-        return {"phase": str(what), "phase_s": round(float(seconds), 1), "stack": list(frames)}
+            what = f"an unknown phase (the actor did not answer: {type(e).__name__})"
+            return RankFailed(rank, "did not finish", phase=what, node=self.node(rank))
+        return RankFailed(
+            rank, "did not finish", phase=str(what), phase_s=round(float(seconds), 1), stack=tuple(frames),
+            node=self.node(rank),
+        )  # fmt: skip
 
     def clean_up(self, progress: Progress) -> None:
         """Kill every actor and remove the placement group, then wait (bounded) until Ray no longer lists them."""
@@ -262,75 +288,83 @@ class _Gathering:
         self.progress = progress
         self.problems: list[str] = []
         self.timed_out = False
+        self.grace = Grace()
+        #: Whether the grace names the ranks it ends: after a peer gave up on them, yes; after a rank failed or
+        #: an actor died, that rank is the finding and those still waiting on it are not.
+        self._names_the_rest = False
 
-    def collect(self, envs: list[dict[str, str]]) -> list[dict[str, Any]]:
+    def collect(self, envs: list[dict[str, str]]) -> list[RankOutcome]:
         import ray
 
+        params = self.options.rank_params().to_json()
         refs = {
-            actor.run.remote(env, self.options.params()): rank
+            actor.run.remote(env, params): rank
             for rank, (actor, env) in enumerate(zip(self.placement.actors, envs, strict=True))
         }
-        results: dict[int, dict[str, Any]] = {}
-        failed_at, why = None, None
+        results: dict[int, RankOutcome] = {}
         pending = list(refs)
         while pending:
-            limit = self.placement.remaining()
-            if failed_at is not None:
-                limit = min(limit, failed_at + FAILURE_GRACE_S - time.monotonic())
-            done, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, limit))
+            limit = min(self.placement.remaining(), self.grace.remaining())
+            done, pending = ray.wait(pending, num_returns=1, timeout=limit)
             if not done:
                 break
             for ref in done:
                 rank = refs[ref]
                 results[rank] = self._result(ref, rank)
-                gave_up = gave_up_on_peers(results[rank])
-                if failed_at is None and ("rows" not in results[rank] or gave_up):
-                    failed_at = time.monotonic()
-                    why = f"rank {rank} gave up on its peers ({gave_up})" if gave_up else None
+                self._start_grace(results[rank])
             self.progress(f"{len(results)} of {len(refs)} ranks finished")
         if pending:
-            self._name_the_stuck(sorted(refs[ref] for ref in pending), results, failed_at, why)
+            self._name_the_stuck(sorted(refs[ref] for ref in pending), results)
         return [results[rank] for rank in sorted(results)]
 
-    def _name_the_stuck(
-        self, stuck: list[int], results: dict[int, dict[str, Any]], failed_at: float | None, why: str | None
-    ) -> None:
-        """Ranks still running at the deadline, or ``FAILURE_GRACE_S`` after a peer failed or gave up."""
-        self.timed_out = failed_at is None
-        for rank in stuck:
-            results[rank] = {"rank": rank, "error": "did not finish", **self.placement.phase(rank)}
-        where = "; ".join(f"{self.placement.describe(r)} was in {_in_phase(results[r])}" for r in stuck)
-        if failed_at is None:
-            self.problems.append(past_deadline(stuck, self.options.timeout_s, where))
-        elif why:  # a rank that died is the finding; the ranks still waiting on it are not
-            self.problems.append(after_grace(stuck, still_running(why), where))
+    def _start_grace(self, result: RankOutcome) -> None:
+        if isinstance(result, RankFailed):
+            self.grace.start(f"rank {result.rank} failed")
+        elif result.gave_up:
+            self._names_the_rest = not self.grace.started
+            self.grace.start(f"rank {result.rank} gave up on its peers ({result.gave_up})")
 
-    def _result(self, ref: Any, rank: int) -> dict[str, Any]:
+    def _name_the_stuck(self, stuck: list[int], results: dict[int, RankOutcome]) -> None:
+        """Ranks still running at the deadline, or when the grace after a peer that failed or gave up is over."""
+        self.timed_out = not self.grace.started
+        unfinished = {rank: replace(self.placement.unfinished(rank), killed_because=self.grace.why) for rank in stuck}
+        results.update(unfinished)
+        where = "; ".join(f"{self.placement.describe(r)} was in {_in_phase(unfinished[r])}" for r in stuck)
+        if self.timed_out:
+            self.problems.append(past_deadline(stuck, self.options.timeout_s, where))
+        elif self._names_the_rest:  # a rank that died is the finding; the ranks still waiting on it are not
+            self.problems.append(after_grace(stuck, self.grace.why or "", where))
+
+    def _result(self, ref: Any, rank: int) -> RankOutcome:
         import ray
 
         try:
-            result = ray.get(ref)
+            data = ray.get(ref)
         except ray.exceptions.RayActorError as e:
             cause = first_line(e, with_type=False)
             self.problems.append(f"{self.placement.describe(rank)} died: {cause}")
-            return {"rank": rank, "error": f"actor died: {cause}"}
+            return RankFailed(rank, f"actor died: {cause}", node=self.placement.node(rank))
         except ray.exceptions.RayError as e:
-            return {"rank": rank, "error": str(e)}
-        return result
+            return RankFailed(rank, str(e), node=self.placement.node(rank))
+        outcome = outcome_from_json(data, rank)
+        return replace(outcome, node=self.placement.node(rank))
 
 
 class RayRunner(Runner):
     """Preflight's ranks as Ray actors of the cluster at ``address``; see the module docstring.
 
     Entering connects to the cluster (bounded, with the connect and clean-up, by a watchdog at
-    ``timeout_s`` plus :data:`WATCHDOG_GRACE_S`); leaving disconnects.
+    ``timeout_s`` plus :data:`WATCHDOG_GRACE_S`, which calls ``last_words`` before it ends the
+    process); leaving disconnects.
     """
 
-    def __init__(self, address: str, timeout_s: float) -> None:
+    def __init__(self, address: str, timeout_s: float, last_words: Callable[[str], None] | None = None) -> None:
         self.address = address
         self.timeout_s = timeout_s
+        self.last_words = last_words
         self.tag = f"nemo-rl-shim-preflight-{uuid.uuid4().hex[:8]}"
         self.gpus = 0
+        self.cpus = 0
         self._watchdog: threading.Timer | None = None
 
     def __enter__(self) -> RayRunner:
@@ -341,10 +375,12 @@ class RayRunner(Runner):
         # the cluster's own Python, as NeMo RL's workers do. A value the user set is kept.
         os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
         seconds = self.timeout_s + WATCHDOG_GRACE_S
-        self._watchdog = watchdog(seconds, f"the Ray run did not end within {seconds:g} s (--timeout-s plus clean-up)")
+        line = f"the Ray run did not end within {seconds:g} s (--timeout-s plus clean-up)"
+        self._watchdog = watchdog(seconds, line, self.last_words)
         try:
             ray.init(address=self.address, namespace=self.tag, log_to_driver=False, logging_level=logging.ERROR)
-            self.gpus = int(ray.cluster_resources().get("GPU", 0))
+            resources = ray.cluster_resources()
+            self.gpus, self.cpus = int(resources.get("GPU", 0)), int(resources.get("CPU", 0))
         except BaseException:
             self.__exit__(None, None, None)
             raise
@@ -366,23 +402,19 @@ class RayRunner(Runner):
         return Capacity(gpus=self.gpus, here=here)
 
     def plan(self, ranks: int | None) -> RankPlan:
-        return plan_ray_ranks(ranks, self.gpus)
+        return plan_ray_ranks(ranks, self.gpus, self.cpus)
 
     def run(self, options: PreflightOptions, ranks: RankPlan, progress: Progress) -> RankRun:
         note = plan_note(ranks, self.gpus)
         progress(f"Ray cluster at {self.address}: {note}; placing {ranks.world_size} actors...")
         placement = _Placement(self.tag, time.monotonic() + options.timeout_s)
         gathering = _Gathering(placement, options, progress)
-        rows: list[dict[str, Any]] = []
         try:
             problem = placement.place(ranks, options.timeout_s)
             if problem is not None:
-                return RankRun("ray", ranks.world_size, rows, note, timed_out=True, problems=[problem])
-            progress(f"actors on {', '.join(sorted({n['node_ip'] for n in placement.nodes}))}; running the checks...")
-            rows = gathering.collect(placement.rank_envs(ranks))
-            for row in rows:
-                if row["rank"] < len(placement.nodes):
-                    row["node"] = placement.nodes[row["rank"]]
+                return RankRun("ray", ranks.world_size, (), note, timed_out=True, problems=(problem,))
+            progress(f"actors on {', '.join(sorted({n.node_ip for n in placement.nodes}))}; running the checks...")
+            outcomes = tuple(gathering.collect(placement.rank_envs(ranks)))
         finally:
             placement.clean_up(progress)
-        return RankRun("ray", ranks.world_size, rows, note, gathering.timed_out, gathering.problems)
+        return RankRun("ray", ranks.world_size, outcomes, note, gathering.timed_out, tuple(gathering.problems))

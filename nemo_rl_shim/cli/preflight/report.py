@@ -1,21 +1,24 @@
 """The report of ``nemo-rl-shim preflight``: what is wrong (one line), and the table.
 
-:class:`PreflightReport` holds every rank's result as :func:`nemo_rl_shim.cli.preflight.rank_checks.check_rank`
-returned it (or the rank's failure); :func:`find_problems` reads the configured values
-from the options and lists every mismatch; :func:`render_report` prints the table.
-Pure functions of data: nothing here touches torch.distributed.
+:class:`PreflightReport` holds every rank's result (:data:`~nemo_rl_shim.cli.preflight.results.RankOutcome`:
+what :func:`~nemo_rl_shim.cli.preflight.rank_checks.check_rank` returned, or the rank's failure);
+:func:`find_problems` reads the configured values from the options and lists every mismatch;
+:func:`off_the_checked_path` says when the config's job does not run on the path that was checked;
+:func:`render_report` prints the table. Pure functions of data: nothing here touches torch.distributed.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from nemo_rl_shim.cli.preflight.options import PreflightOptions
+from nemo_rl_shim.cli.preflight.results import GroupRow, RankChecked, RankFailed, RankOutcome
 from nemo_rl_shim.cli.preflight.stuck import after_grace, past_deadline, ranks_named
 from nemo_rl_shim.rank_ranges import format_ranks
 
-__all__ = ["COLUMNS", "PreflightReport", "find_problems", "render_report"]
+__all__ = ["COLUMNS", "PreflightReport", "find_problems", "off_the_checked_path", "render_report"]
 
 
 @dataclass
@@ -25,15 +28,22 @@ class PreflightReport:
     launcher: str
     world_size: int
     options: PreflightOptions
-    ranks: list[dict[str, Any]]
+    ranks: Sequence[RankOutcome]
     wall_s: float
     note: str | None = None
     timed_out: bool = False
     problems: list[str] = field(default_factory=list)
     #: Lines a runner adds under the heading (a dry run: which ranks, how many groups each).
-    details: list[str] = field(default_factory=list)
+    details: Sequence[str] = ()
     #: Keys a runner adds to the JSON.
     facts: dict[str, Any] = field(default_factory=dict)
+    #: Whether the checks themselves found nothing; False with ``ok`` True never happens. With a config whose
+    #: job runs elsewhere (``options.worker_note``), the report is not OK even when they found nothing.
+    checks_passed: bool = True
+    #: This process prints the report; this process is a rank of a launcher's world (the runner says both:
+    #: :attr:`.runner.Runner.reports`, :attr:`.runner.Runner.joined`).
+    reports: bool = True
+    joined: bool = False
 
     @property
     def ok(self) -> bool:
@@ -48,7 +58,7 @@ class PreflightReport:
         return self.problems[0] + (f" (+{more} more problem{'s' * (more > 1)})" if more else "")
 
     def to_json(self) -> dict[str, Any]:
-        first = next((r for r in self.ranks if "rows" in r), {})
+        first = next((r for r in self.ranks if isinstance(r, RankChecked)), None)
         return {
             "ok": self.ok,
             "problem": self.problem,
@@ -57,6 +67,7 @@ class PreflightReport:
             "world_size": self.world_size,
             "note": self.note,
             "timed_out": self.timed_out,
+            "checks_passed": self.checks_passed,
             "wall_s": round(self.wall_s, 2),
             "role": self.options.role,
             "training_world": self.options.world_size,
@@ -66,9 +77,9 @@ class PreflightReport:
             "cpu_offload": self.options.cpu_offload,
             "timeout_minutes": self.options.timeout_minutes,
             "timeout_minutes_after_init": self.options.timeout_minutes_after_init,
-            "decision": first.get("decision"),
-            "default_backend": first.get("default_backend"),
-            "ranks": self.ranks,
+            "decision": None if first is None else dict(first.decision),
+            "default_backend": None if first is None else first.default_backend,
+            "ranks": [rank.to_json() for rank in self.ranks],
             **self.facts,
         }
 
@@ -96,27 +107,26 @@ def _fmt(minutes: float) -> str:
     return f"{minutes:g} min"
 
 
-def _off_timeouts(row: dict[str, Any], key: str, expected: float | None, when: str) -> list[str]:
+def _off_timeouts(row: GroupRow, minutes: Mapping[str, float] | None, expected: float | None, when: str) -> list[str]:
     """``"cpu:gloo,cuda:gloo has 30 min, configured 45 min"`` per distinct wrong value on the row's backends."""
-    if expected is None or row.get(key) is None:
+    if expected is None or minutes is None:
         return []
     wrong: dict[float, list[str]] = {}
-    for device, timeout in row[key].items():
+    for device, timeout in minutes.items():
         if timeout != expected:
-            wrong.setdefault(timeout, []).append(f"{device}:{row['backends'].get(device, '?')}")
+            wrong.setdefault(timeout, []).append(f"{device}:{row.backends.get(device, '?')}")
     return [f"{','.join(b)} has {_fmt(t)}{when}, configured {_fmt(expected)}" for t, b in wrong.items()]
 
 
-def _row_problems(row: dict[str, Any], startup: float | None, steady: float | None, offload: bool) -> list[str]:
-    found = _off_timeouts(row, "timeout_minutes", startup, "")
-    if offload and "cpu" not in row["backends"]:
-        backends = ",".join(f"{d}:{b}" for d, b in row["backends"].items()) or "none"
+def _row_problems(row: GroupRow, startup: float | None, steady: float | None, offload: bool) -> list[str]:
+    found = _off_timeouts(row, row.timeout_minutes, startup, "")
+    if offload and "cpu" not in row.backends:
+        backends = ",".join(f"{d}:{b}" for d, b in row.backends.items()) or "none"
         found.append(f"no CPU backend under CPU offload (backends {backends})")
-    for kind in ("cpu", "cuda"):
-        outcome = row[f"{kind}_all_reduce"]
+    for kind, outcome in (("cpu", row.cpu_all_reduce), ("cuda", row.cuda_all_reduce)):
         if outcome.startswith("failed"):
             found.append(f"{kind.upper()} all_reduce {outcome}")
-    return found + _off_timeouts(row, "timeout_minutes_after_init", steady, " after init")
+    return found + _off_timeouts(row, row.timeout_minutes_after_init, steady, " after init")
 
 
 def _last_line(text: str | None) -> str:
@@ -124,32 +134,44 @@ def _last_line(text: str | None) -> str:
     return lines[-1].strip() if lines else "no output"
 
 
-def find_problems(ranks: list[dict[str, Any]], options: PreflightOptions, timed_out: bool = False) -> list[str]:
-    """Everything wrong with the gathered rank results, one line each, the most telling first."""
+def find_problems(ranks: Sequence[RankOutcome], options: PreflightOptions, timed_out: bool = False) -> list[str]:
+    """Everything wrong with the gathered rank results, one line each, the most telling first.
+
+    ``timed_out``: the run reached ``--timeout-s``; the ranks without a result are named, not those
+    that finished.
+    """
+    unfinished = [r for r in ranks if isinstance(r, RankFailed)]
     if timed_out:
-        return [past_deadline([r["rank"] for r in ranks if "rows" not in r], options.timeout_s)]
+        return [past_deadline([r.rank for r in unfinished], options.timeout_s)]
     failed: list[_Found] = [
-        (f"rank failed: {_last_line(r.get('error'))}", None, r["rank"])
-        for r in ranks
-        if "rows" not in r and not r.get("killed_because")
+        (f"rank failed: {_last_line(r.error)}", None, r.rank) for r in unfinished if not r.killed_because
     ]
     if failed:  # a rank's own error before "exited -9 before reporting", and before the ranks killed after it
         return _merge(sorted(failed, key=lambda f: "before reporting" in f[0]))
-    killed = [r for r in ranks if r.get("killed_because")]
+    killed = [r for r in unfinished if r.killed_because]
     if killed:  # killed by the launcher after a peer gave up waiting on them: stalled
-        stuck, why = [r["rank"] for r in killed], killed[0]["killed_because"]
+        stuck, why = [r.rank for r in killed], killed[0].killed_because or ""
         return [after_grace(stuck, why, "a rank is stuck in a collective")]
     startup, steady = options.timeout_minutes, options.timeout_minutes_after_init
     found: list[_Found] = []
-    for result in ranks:
-        for row in result["rows"]:
+    for result in (r for r in ranks if isinstance(r, RankChecked)):
+        for row in result.rows:
             problems = _row_problems(row, startup, steady, options.cpu_offload)
-            found += [(p, row["group"], result["rank"]) for p in problems]
-        offload = result.get("offload")
-        if offload is not None and "skipped" not in offload and not offload.get("ok"):
-            detail = f"full_tensor() of a CPU-offloaded parameter on mesh dp failed: {offload.get('error')}"
-            found.append((detail, None, result["rank"]))
+            found += [(p, row.group, result.rank) for p in problems]
+        offload = result.offload
+        if offload is not None and offload.skipped is None and not offload.ok:
+            detail = f"full_tensor() of a CPU-offloaded parameter on mesh {offload.mesh} failed: {offload.error}"
+            found.append((detail, None, result.rank))
     return _merge(found)
+
+
+def off_the_checked_path(options: PreflightOptions) -> str | None:
+    """The problem of a config whose job does not run on the path preflight checks (v1 DTensor, Megatron), or None.
+
+    Preflight runs the Automodel path's set-up; a config that NeMo RL runs elsewhere
+    (:func:`nemo_rl_shim.cli.nemo_rl.worker_note`) cannot pass, whatever that set-up shows.
+    """
+    return options.worker_note
 
 
 # --- rendering -------------------------------------------------------------------------------
@@ -167,23 +189,27 @@ def _timeouts(minutes: dict[str, float] | None) -> str:
     return " / ".join(f"{device} {value:g}" for device, value in minutes.items()) + " min"
 
 
-def _cells(row: dict[str, Any]) -> dict[str, str]:
+def _timeouts_of(minutes: Mapping[str, float] | None) -> str:
+    return _timeouts(None if minutes is None else dict(minutes))
+
+
+def _cells(row: GroupRow) -> dict[str, str]:
     return {
-        "ranks": format_ranks(row["ranks"]),
-        "backends": ",".join(f"{d}:{b}" for d, b in row["backends"].items()) or "none",
-        "timeout": _timeouts(row["timeout_minutes"]),
-        "after init": _timeouts(row.get("timeout_minutes_after_init")),
-        "cpu all_reduce": row["cpu_all_reduce"],
-        "cuda all_reduce": row["cuda_all_reduce"].replace(" (no CUDA device)", ""),
+        "ranks": format_ranks(row.ranks),
+        "backends": ",".join(f"{d}:{b}" for d, b in row.backends.items()) or "none",
+        "timeout": _timeouts_of(row.timeout_minutes),
+        "after init": _timeouts_of(row.timeout_minutes_after_init),
+        "cpu all_reduce": row.cpu_all_reduce,
+        "cuda all_reduce": row.cuda_all_reduce.replace(" (no CUDA device)", ""),
     }
 
 
-def _table(ranks: list[dict[str, Any]]) -> list[list[str]]:
+def _table(ranks: Sequence[RankChecked]) -> list[list[str]]:
     """One line per group; a cell whose value differs between ranks lists each rank's value."""
     per_group: dict[str, list[dict[str, str]]] = {}
     for result in ranks:
-        for row in result["rows"]:
-            per_group.setdefault(row["group"], []).append({"rank": str(result["rank"]), **_cells(row)})
+        for row in result.rows:
+            per_group.setdefault(row.group, []).append({"rank": str(result.rank), **_cells(row)})
     lines = []
     for name, cells in per_group.items():
         line = [name]
@@ -204,26 +230,27 @@ def _format_table(lines: list[list[str]]) -> list[str]:
     return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
 
 
-def _offload_line(ranks: list[dict[str, Any]]) -> str:
-    facts = [r["offload"] for r in ranks if r.get("offload") is not None]
+def _offload_line(ranks: Sequence[RankChecked]) -> str:
+    facts = [r.offload for r in ranks if r.offload is not None]
     if not facts:
         return "CPU offload: off (no full_tensor() check)"
-    if any("skipped" in f for f in facts):
-        return f"CPU offload: full_tensor() check {next(f['skipped'] for f in facts if 'skipped' in f)}"
+    skipped = next((f.skipped for f in facts if f.skipped is not None), None)
+    if skipped is not None:
+        return f"CPU offload: full_tensor() check {skipped}"
     first = facts[0]
-    outcome = "ok on every rank" if all(f.get("ok") for f in facts) else "FAILED"
-    shapes = f"{first.get('local_device', '?')} shards {tuple(first.get('local_shape', ()))}"
+    outcome = "ok on every rank" if all(f.ok for f in facts) else "FAILED"
+    shapes = f"{first.local_device or '?'} shards {tuple(first.local_shape or ())}"
     return (
-        f"CPU offload: {first['method']}, mesh dp ranks {format_ranks(first['mesh_ranks'])}: "
-        f"{shapes} -> full_tensor() {tuple(first.get('full_shape', ()))}: {outcome}"
+        f"CPU offload: {first.method}, mesh {first.mesh} ranks {format_ranks(first.mesh_ranks)}: "
+        f"{shapes} -> full_tensor() {tuple(first.full_shape or ())}: {outcome}"
     )
 
 
-def _node_line(ranks: list[dict[str, Any]]) -> list[str]:
-    nodes = [(r["rank"], r["node"]) for r in ranks if r.get("node")]
+def _node_line(ranks: Sequence[RankOutcome]) -> list[str]:
+    nodes = [(r.rank, r.node) for r in ranks if r.node is not None]
     if not nodes:
         return []
-    where = ", ".join(f"rank {rank} on {n['node_ip']} (host {n['host']}, node {n['node_id'][:8]})" for rank, n in nodes)
+    where = ", ".join(f"rank {rank} on {n.node_ip} (host {n.host}, node {n.node_id[:8]})" for rank, n in nodes)
     return [f"nodes: {where}"]
 
 
@@ -236,13 +263,38 @@ def _world_line(report: PreflightReport) -> list[str]:
     return [f"training world: {size} rank{'s' * (size != 1)}, from {source}{checked}"]
 
 
+def _what_passed(report: PreflightReport) -> str:
+    configured = report.options.timeout_minutes is not None
+    if report.options.dry_run:
+        return (
+            "every group carries the configured timeout on every backend (dry run: no collective run)"
+            if configured
+            else "every group built (dry run; no timeout configured: torch's defaults apply)"
+        )
+    return (
+        "every group carries the configured timeout on every backend; collectives work"
+        if configured
+        else "collectives work (no timeout configured: torch's defaults apply)"
+    )
+
+
+def _verdict(report: PreflightReport) -> list[str]:
+    """``OK: ...`` when nothing is wrong; what the checks found on a path the config does not run; else nothing
+    (a failure is the caller's one line, :attr:`PreflightReport.problem`, not repeated here)."""
+    if report.ok:
+        return [f"OK: {_what_passed(report)}"]
+    if report.checks_passed and report.options.worker_note:
+        return [f"checked the Automodel path, which this config does not run (note above): {_what_passed(report)}"]
+    return []
+
+
 def render_report(report: PreflightReport) -> str:
     """The text ``nemo-rl-shim preflight`` prints."""
     options = report.options
     startup, steady = options.timeout_minutes, options.timeout_minutes_after_init
     head = [f"preflight: {report.world_size} ranks ({report.launcher}), {options.role} section"]
     head += _world_line(report)
-    head += report.details
+    head += list(report.details)
     if options.worker_note:
         head.append(f"note: {options.worker_note}")
     if report.note:
@@ -252,12 +304,12 @@ def render_report(report: PreflightReport) -> str:
         f"{_fmt(steady) if steady is not None else 'unset (start-up value kept all run)'}"
     )
     head += _node_line(report.ranks)
-    complete = [r for r in report.ranks if "rows" in r]
+    complete = [r for r in report.ranks if isinstance(r, RankChecked)]
     if complete and len(complete) == len(report.ranks):
         first = complete[0]
-        decision = first["decision"]
+        decision = first.decision
         head += [
-            f"default group: {first['default_backend']} on {first['device']}; CPU offload "
+            f"default group: {first.default_backend} on {first.device}; CPU offload "
             f"{'on' if options.cpu_offload else 'off'}",
             f"decision: {decision['action']}: {decision['reason']}",
             *([f"warning: {decision['warning']}"] if decision["warning"] else []),
@@ -267,18 +319,7 @@ def render_report(report: PreflightReport) -> str:
             "",
             _offload_line(complete) if not options.dry_run else "CPU offload: full_tensor() check not run (dry run)",
         ]
-    if report.ok and options.dry_run:
-        head.append(
-            "OK: every group carries the configured timeout on every backend (dry run: no collective run)"
-            if startup is not None
-            else "OK: every group built (dry run; no timeout configured: torch's defaults apply)"
-        )
-    elif report.ok:  # a failure is the caller's one line (PreflightReport.problem), not repeated here
-        head.append(
-            "OK: every group carries the configured timeout on every backend; collectives work"
-            if startup is not None
-            else "OK: collectives work (no timeout configured: torch's defaults apply)"
-        )
+    head += _verdict(report)
     head.append(f"wall: {report.wall_s:.1f} s")
     if "hang_report" in report.facts:  # the run failed with the Flight Recorder on: who did not join
         head.append(report.facts["hang_report"]["summary"])

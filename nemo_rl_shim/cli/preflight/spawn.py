@@ -8,8 +8,12 @@ variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
 traceback, to a file. A rank that fails or a run past its deadline ends every
 rank: nothing is left hanging. So does a rank that finishes but says it gave up on its
 peers (``gave_up``: a collective timed out on a stalled peer): the ranks still running
-get :data:`~nemo_rl_shim.cli.preflight.stuck.FAILURE_GRACE_S`, then are killed and named
+get the grace (:class:`~nemo_rl_shim.cli.preflight.stuck.Grace`), then are killed and named
 (``RankResult.killed_because``).
+
+How many: one rank per CUDA device, or CPU ranks up to what this machine's memory holds
+(:func:`cpu_rank_limit`: the available memory over :data:`RANK_MEMORY_MIB`, a CPU rank's measured
+peak); ``--nproc`` above either is refused before any rank starts.
 
 Forked ranks (:mod:`nemo_rl_shim.cli.preflight._fork_server`, opt-in with
 ``NEMO_RL_SHIM_FORK_RANKS=1``): the test suite turns it on (``tests/conftest.py``): on a
@@ -37,25 +41,40 @@ from typing import Any
 from nemo_rl_shim.cli.preflight import rank_checks
 from nemo_rl_shim.cli.preflight._fork_server import fork_context, start_rank
 from nemo_rl_shim.cli.preflight.options import PreflightOptions
-from nemo_rl_shim.cli.preflight.rank_checks import gave_up_on_peers
+from nemo_rl_shim.cli.preflight.results import RankFailed, RankOutcome, gave_up_on_peers, outcome_from_json
 from nemo_rl_shim.cli.preflight.runner import (
     PROGRESS_EVERY_S,
     Capacity,
     Progress,
+    RankLimit,
     RankPlan,
     RankRun,
     Runner,
+    available_memory_mib,
     plan_ranks,
     rank_env,
 )
-from nemo_rl_shim.cli.preflight.stuck import FAILURE_GRACE_S, still_running
+from nemo_rl_shim.cli.preflight.stuck import Grace
 
-__all__ = ["RANK_TARGET", "RankResult", "RanksFailed", "SpawnRunner", "free_port", "launcher_env", "spawn_ranks"]
+__all__ = [
+    "RANK_MEMORY_MIB",
+    "RANK_TARGET",
+    "RankResult",
+    "RanksFailed",
+    "SpawnRunner",
+    "cpu_rank_limit",
+    "free_port",
+    "launcher_env",
+    "spawn_ranks",
+]
 
 #: Starts of one run when the rendezvous port is taken between picking it and binding it.
 PORT_ATTEMPTS = 3
-#: What every spawned preflight rank runs.
-RANK_TARGET = f"{rank_checks.__name__}:{rank_checks.check_rank.__name__}"
+#: What every spawned preflight rank runs (JSON in, JSON out: :func:`~.rank_checks.check_rank_json`).
+RANK_TARGET = f"{rank_checks.__name__}:{rank_checks.check_rank_json.__name__}"
+#: Memory one spawned CPU rank needs: its peak resident set, measured at 848 MiB (torch 2.15, nemo-automodel
+#: 0.7.0, a fresh interpreter per rank, 2 and 4 ranks; 402 MiB of it private, the rest shared libraries).
+RANK_MEMORY_MIB = 850
 
 
 @dataclass
@@ -116,6 +135,18 @@ def _rank_env(rank: int, world_size: int, port: int, extra: Mapping[str, str] | 
     return env
 
 
+def cpu_rank_limit(available_mib: int | None) -> RankLimit:
+    """How many CPU ranks fit in ``available_mib`` at :data:`RANK_MEMORY_MIB` each, in words for the refusal."""
+    if available_mib is None:  # cannot tell: no limit of our own (the run is still bounded by --timeout-s)
+        return RankLimit(2**31 - 1, "what this machine can hold (its free memory could not be read)")
+    ranks = available_mib // RANK_MEMORY_MIB
+    return RankLimit(
+        ranks,
+        f"what this machine can hold: {ranks} CPU ranks ({available_mib} MiB of memory available, "
+        f"about {RANK_MEMORY_MIB} MiB a rank)",
+    )
+
+
 def _kill(processes: list[subprocess.Popen]) -> None:
     for process in processes:
         if process.poll() is None:
@@ -124,50 +155,50 @@ def _kill(processes: list[subprocess.Popen]) -> None:
         process.wait()
 
 
-def _trigger(
-    codes: list[int | None], at_once: Callable[[int], bool], gave_up: Callable[[int], str | None]
-) -> tuple[str, bool] | None:
-    """What ends the run early, if anything has: (why, at once?). A failed rank comes before one that gave up."""
+def _trigger(codes: list[int | None], at_once: Callable[[int], bool], gave_up: Callable[[int], str | None],
+             grace: Grace) -> None:  # fmt: skip
+    """Start ``grace`` if a rank has failed or given up; a failed rank comes before one that gave up."""
     for rank, code in enumerate(codes):
         if code not in (None, 0):
-            return f"rank {rank} failed (exit {code})", at_once(rank)
+            grace.start(f"rank {rank} failed (exit {code})", at_once=at_once(rank))
+            return
     for rank, code in enumerate(codes):
         why = gave_up(rank) if code == 0 else None
         if why:
-            return f"rank {rank} gave up on its peers ({why})", False
-    return None
+            grace.start(f"rank {rank} gave up on its peers ({why})")
+            return
 
 
 def _wait(
-    processes: list[subprocess.Popen],
+    processes: list[Any],
     timeout_s: float,
     on_tick: Callable[[float], None] | None,
     at_once: Callable[[int], bool] = lambda rank: False,
     gave_up: Callable[[int], str | None] = lambda rank: None,
+    grace: Grace | None = None,
 ) -> tuple[bool, dict[int, str]]:
-    """Wait for every process; end them all on the deadline, or ``FAILURE_GRACE_S`` after a rank fails or
-    gives up on its peers. Returns whether the deadline hit, and why each rank killed before it was killed.
+    """Wait for every process; end them all on the deadline, or when the grace after a rank that failed or gave up
+    on its peers is over. Returns whether the deadline hit, and why each rank killed before it was killed.
 
     A failure for which ``at_once(rank)`` is true (a lost rendezvous port) ends the others at
-    once: they can only be waiting for a peer that will never come.
+    once: they can only be waiting for a peer that will never come. ``grace`` (a fresh
+    :class:`~nemo_rl_shim.cli.preflight.stuck.Grace` by default) keeps the time, deadline included.
     """
-    start = time.monotonic()
+    grace = grace or Grace()
+    start = grace.clock()
     gave_up = functools.cache(gave_up)  # a finished rank's result does not change: read it once
-    kill_at, why = None, ""
     while True:
         codes = [p.poll() for p in processes]
         if all(code is not None for code in codes):
             return False, {}
-        now = time.monotonic()
-        if kill_at is None and (found := _trigger(codes, at_once, gave_up)) is not None:
-            cause, immediately = found
-            kill_at = now if immediately else now + FAILURE_GRACE_S
-            why = f"still running when {cause}" if immediately else still_running(cause)
+        if not grace.started:
+            _trigger(codes, at_once, gave_up, grace)
+        now = grace.clock()
         if now - start > timeout_s:
             _kill(processes)
             return True, {}
-        if kill_at is not None and now >= kill_at:
-            killed = {rank: why for rank, code in enumerate(codes) if code is None}
+        if grace.over():
+            killed = {rank: grace.why or "" for rank, code in enumerate(codes) if code is None}
             _kill(processes)
             return False, killed
         if on_tick is not None:
@@ -263,7 +294,7 @@ def spawn_ranks(
     ``NEMO_RL_SHIM_FORK_RANKS``, False always starts fresh interpreters.
     ``gave_up``: given the result of a rank that finished while others still run, what it gave
     up waiting on (a collective that timed out on a stalled peer), or None: the others then get
-    ``FAILURE_GRACE_S`` to finish, as after a failure, and are killed.
+    the grace (:class:`~nemo_rl_shim.cli.preflight.stuck.Grace`) to finish, as after a failure, and are killed.
 
     ``params`` must be JSON-serializable; so must the function's return value.
     ``env`` adds environment variables (``PYTHONPATH`` to shadow a package, say).
@@ -289,12 +320,14 @@ def spawn_ranks(
 
 
 class SpawnRunner(Runner):
-    """Preflight's ranks as local processes (:func:`spawn_ranks`)."""
+    """Preflight's ranks as local processes (:func:`spawn_ranks`). ``available_mib``: the memory CPU ranks may
+    take (default: what this machine has available now)."""
 
-    def __init__(self) -> None:
+    def __init__(self, available_mib: int | None = None) -> None:
         import torch
 
         self.cuda_devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        self.cpu_limit = cpu_rank_limit(available_mib if available_mib is not None else available_memory_mib())
 
     def capacity(self, options: PreflightOptions) -> Capacity:
         room = self.plan(None)
@@ -303,7 +336,7 @@ class SpawnRunner(Runner):
         return Capacity(gpus=self.cuda_devices, here=here)
 
     def plan(self, ranks: int | None) -> RankPlan:
-        return plan_ranks(ranks, self.cuda_devices, f"the {self.cuda_devices} CUDA devices")
+        return plan_ranks(ranks, RankLimit(self.cuda_devices, f"the {self.cuda_devices} CUDA devices"), self.cpu_limit)
 
     def _note(self, plan: RankPlan) -> str | None:
         if plan.device == "cuda":
@@ -322,18 +355,20 @@ class SpawnRunner(Runner):
                 progress(f"waiting... {elapsed:.0f} s")
 
         results = spawn_ranks(
-            RANK_TARGET, options.params(), world_size=ranks.world_size, timeout_s=options.timeout_s,
+            RANK_TARGET, options.rank_params().to_json(), world_size=ranks.world_size, timeout_s=options.timeout_s,
             env=ranks.env, check=False, on_tick=on_tick, gave_up=gave_up_on_peers,
         )  # fmt: skip
-        rows = [_row(r) for r in results]
+        outcomes = tuple(_outcome(r) for r in results)
         timed_out = any(r.timed_out for r in results)
-        return RankRun("spawn", ranks.world_size, rows, self._note(ranks), timed_out)
+        return RankRun("spawn", ranks.world_size, outcomes, self._note(ranks), timed_out)
 
 
-def _row(result: RankResult) -> dict[str, Any]:
-    """A rank's row of the report: its check's result, or its failure."""
-    if result.ok and isinstance(result.result, dict):
-        return result.result
+def _outcome(result: RankResult) -> RankOutcome:
+    """A spawned rank's typed result: what its check sent, or its failure."""
+    if result.ok:
+        return outcome_from_json(result.result, result.rank)
     error = result.error or ("timed out" if result.timed_out else f"exit {result.returncode}")
-    row = {"rank": result.rank, "error": error, "timed_out": result.timed_out, "output": result.output[-4000:]}
-    return {**row, "killed_because": result.killed_because} if result.killed_because else row
+    return RankFailed(
+        result.rank, error, timed_out=result.timed_out, killed_because=result.killed_because,
+        output=result.output[-4000:],
+    )  # fmt: skip
