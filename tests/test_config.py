@@ -290,7 +290,7 @@ def test_the_known_keys_are_the_typed_block_s_keys() -> None:
     from nemo_rl_shim.config import AUTOMODEL_CFG_KEYS, AutomodelConfig
 
     assert set(AUTOMODEL_CFG_KEYS) == set(AutomodelConfig.__annotations__)
-    block = {KEY: 45, AFTER_INIT_KEY: 10, "patch_automodel": True, "flight_recorder": None}
+    block = {KEY: 45, AFTER_INIT_KEY: 10, "patch_automodel": True, "flight_recorder": None, "learned_timeouts": None}
     assert set(block) == set(AUTOMODEL_CFG_KEYS)
     assert automodel_cfg({"policy": {"automodel_cfg": block}}) == block
 
