@@ -51,6 +51,7 @@ __all__ = [
     "DUMP_FILE_NAME",
     "ENV_PAIRS",
     "PEER_DUMP_WAIT_S",
+    "PG_STATUS_KEY",
     "SIDECAR_NAME",
     "TORCH_DEFAULT_PREFIX",
     "configure",
@@ -73,6 +74,9 @@ ENV_PAIRS: dict[str, tuple[str, ...]] = {
     "dump_file": ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"),
     "dump_on_timeout": ("TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_FR_DUMP_ON_TIMEOUT"),
 }
+#: Where :func:`dump_now` joins several recorders, their ``pg_status`` (keyed by ``pg_id``, which each recorder
+#: counts from 0 by itself) is keyed by recorder and ``pg_id`` instead.
+PG_STATUS_KEY = "{backend}/{pg_id}"
 #: torch's own dump-file prefix, where neither dump-file variable is set (its NCCL watchdog writes ``<prefix><rank>``).
 TORCH_DEFAULT_PREFIX = "/tmp/nccl_trace_rank_"
 #: The default store key through which the first rank to time out asks every rank to dump.

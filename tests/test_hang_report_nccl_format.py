@@ -60,7 +60,7 @@ def test_a_batchs_ops_take_the_state_of_its_coalesced_entry(scenarios) -> None:
     assert {(e.op, e.peer, e.seq, e.batched) for e in pending} == {("send", 2, 3, True), ("recv", 0, 3, True)}
     # rank 0's batch of the same round completed: its ops read as done, though each op's own entry says scheduled
     assert dumps[0].pending_p2p == []
-    assert dumps[0].p2p_last[("0", "send", 1)].done
+    assert dumps[0].p2p_last[(("0", "nccl"), "send", 1)].done
 
 
 def test_pg_status_is_a_hint_never_an_override(scenarios) -> None:
