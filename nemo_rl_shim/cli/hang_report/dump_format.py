@@ -363,9 +363,12 @@ def _scan(entries: list[Any], path: Path, seq_key: str) -> _Scan:
                 raise TypeError
             if not tracks and raw.get("state") != "scheduled":
                 tracks = True
-            if _is_p2p(raw, seq_key):
+            flag = raw.get("is_p2p")  # _is_p2p's first step, inline: this loop runs for every entry
+            if flag is True or (flag is None and _is_p2p(raw, seq_key)):
                 p2p_entries.append((index, raw))
                 continue
+            if flag is not None and flag is not False:
+                raise TypeError
             seq = raw[seq_key]
             if type(seq) is not int or seq < 0:
                 raise TypeError
