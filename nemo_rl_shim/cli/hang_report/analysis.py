@@ -43,8 +43,9 @@ __all__ = ["Analysis", "Finding", "GroupState", "analyse", "axis_of", "peer_post
 
 #: Ops whose input sizes must agree on every rank (gather, scatter, all_to_all and p2p may differ).
 _SAME_SIZES = ("all_reduce", "allreduce", "broadcast", "reduce", "allgather", "all_gather", "reduce_scatter", "barrier")
-_PRIORITY = {"mismatch": 0, "missing": 1, "stall": 2, "p2p": 2, "not finished": 3}
+_PRIORITY = {"mismatch": 0, "missing": 1, "stall": 2, "p2p": 2, "not finished": 3, "unclear": 4}
 _OPPOSITE = {"send": "recv", "recv": "send"}
+_PAIR = "send/recv"  # the op of a finding on a send and its receive
 
 
 def axis_of(desc: str) -> str | None:
@@ -104,7 +105,7 @@ class GroupState:
 class Finding:
     """A stall, an unfinished collective or p2p op, a missing dump or a mismatch, on one group."""
 
-    kind: str  # "stall", "not finished", "missing", "mismatch", "p2p"
+    kind: str  # "stall", "not finished", "missing", "mismatch", "p2p", "unclear" (someone waits; no buffer tells who)
     group: GroupState
     ranks: list[int]  # the ranks named: the laggards, the missing, those that differ, or the peer that did not act
     seq: int
@@ -124,6 +125,10 @@ class Finding:
             return f"{who} did not enter {where}, in which {waiters}{waited}"
         if self.kind == "p2p":
             return f"{who} {self.detail} on {self.group.label}"
+        if self.kind == "unclear":
+            return self.detail
+        if self.kind == "not finished" and self.op == _PAIR:
+            return f"{who} did not finish {self.detail} on {self.group.label}"
         if self.kind == "not finished" and not self.waiting:
             took = f" (running {self.waited_s:.1f} s when dumped)" if self.waited_s is not None else ""
             return f"{who} did not finish {where}: every member entered it, none finished{took}"
@@ -351,8 +356,15 @@ def _stall(dumps: dict[int, RankDump], state: GroupState) -> Finding | None:
     created = entry.created_ns
     if behind:
         return Finding("stall", state, behind, top, entry.op, waiting, _waited(dumps, waiting, state), created)
-    if state.out_of_reach:
-        return None  # the silent ranks may well have entered it: their buffers do not reach back that far
+    if state.out_of_reach:  # the silent ranks may well have entered it: their buffers do not reach back that far
+        stuck = [r for r in waiting if not state.entries[r].done and dumps[r].recorder(state.backend).tracks_completion]
+        if not stuck:
+            return None
+        detail = (
+            f"{_ranks(stuck)} waited in {entry.op} #{top} on {state.label}, and the buffers of "
+            f"{_ranks(state.out_of_reach)} do not reach back to it: cannot tell whether they entered it"
+        )
+        return Finding("unclear", state, [], top, entry.op, stuck, _waited(dumps, stuck, state), created, detail)
     done = [r for r in waiting if state.entries[r].done]
     unfinished = [r for r in waiting if not state.entries[r].done]
     tracking = [r for r in unfinished if dumps[r].recorder(state.backend).tracks_completion]
@@ -389,16 +401,25 @@ def peer_posted(op: Entry, mine: RankDump, peer: RankDump, state: GroupState) ->
 
 
 def _p2p(dumps: dict[int, RankDump], groups: dict[GroupKey, GroupState]) -> list[Finding]:
+    """Per unfinished send or recv: the peer that did not post its side; a pair that both posted and neither
+    finished; or, where the peer's buffer cannot tell, that nobody can be blamed."""
     blamed: dict[tuple[GroupKey, int], list[tuple[int, Entry]]] = {}
+    findings: list[Finding] = []
+    pairs: set[tuple[GroupKey, int, int]] = set()
     for rank, dump in dumps.items():
         for op in dump.pending_p2p:
             state = groups.get(op.key)
             peer = state.global_rank(op.peer) if state and op.op in _OPPOSITE else None
             if state is None or peer is None or peer not in dumps:
                 continue  # a peer without a dump: the missing-dump finding names it
-            if peer_posted(op, dump, dumps[peer], state) is False:
+            posted = peer_posted(op, dump, dumps[peer], state)
+            if posted is False:
                 blamed.setdefault((op.key, peer), []).append((rank, op))
-    findings = []
+            elif posted is None:
+                findings.append(_unclear_p2p(rank, peer, op, state))
+            elif _both_waiting(op, dump, dumps[peer], state) and (op.key, *sorted((rank, peer))) not in pairs:
+                pairs.add((op.key, *sorted((rank, peer))))
+                findings.append(_pair_not_finished(rank, peer, op, state))
     for (key, culprit), waits in blamed.items():
         parts = []
         for rank, op in sorted(waits, key=lambda w: (w[0], w[1].op)):
@@ -411,6 +432,27 @@ def _p2p(dumps: dict[int, RankDump], groups: dict[GroupKey, GroupState]) -> list
         kind = "send" if op.op == "recv" else "recv"
         findings.append(Finding("p2p", groups[key], [culprit], op.seq, kind, waiting, None, first, "; ".join(parts)))
     return findings
+
+
+def _both_waiting(op: Entry, mine: RankDump, peer: RankDump, state: GroupState) -> bool:
+    """The peer's newest opposite op toward ``mine`` is unfinished too, and both recorders mark completion."""
+    theirs = peer.p2p_last.get((op.key, _OPPOSITE[op.op], state.group_rank(mine.rank)))
+    tracked = mine.recorder(op.lib).tracks_completion and peer.recorder(op.lib).tracks_completion
+    return theirs is not None and not theirs.done and tracked
+
+
+def _pair_not_finished(rank: int, peer: int, op: Entry, state: GroupState) -> Finding:
+    detail = f"the {op.op} #{op.seq} of rank {rank} and its match on rank {peer}: both posted, neither finished"
+    return Finding("not finished", state, sorted((rank, peer)), op.seq, _PAIR, [], None, op.created_ns, detail)
+
+
+def _unclear_p2p(rank: int, peer: int, op: Entry, state: GroupState) -> Finding:
+    source = "sent" if op.op == "recv" else "received"
+    detail = (
+        f"rank {rank} waited in its {op.op} #{op.seq} {'from' if op.op == 'recv' else 'to'} rank {peer} on "
+        f"{state.label}, and rank {peer}'s buffer does not reach back to it: cannot tell whether rank {peer} {source}"
+    )
+    return Finding("unclear", state, [], op.seq, op.op, [rank], None, op.created_ns, detail)
 
 
 def _world_missing(missing: list[int], groups: list[GroupState], world: World, dumps: dict[int, RankDump]) -> Finding:
