@@ -325,6 +325,38 @@ def coalesced_healthy(directory: Path) -> None:
     _write_all(directory, ranks)
 
 
+def nccl2_sub_group_stall(directory: Path) -> None:
+    """:func:`sub_group_stall` as torch 2.15's hook records NCCL2 (``nccl2:`` names; no 'started' state: the hook
+    keeps no events)."""
+    tp = [Group("1", "mesh_tp", (0, 1)), Group("2", "mesh_tp", (2, 3))]
+    clock = Clock()
+    ranks = [Rank(r, [DEFAULT4, tp[r // 2]], clock, lib="nccl2") for r in range(4)]
+    for step in range(3):
+        for rank in ranks:
+            if not (rank.rank == 3 and step == 2):
+                rank.collective(tp[rank.rank // 2], state="scheduled" if rank.rank == 2 and step == 2 else "completed")
+        clock.settle()
+    _write_all(directory, ranks)
+
+
+def nccl2_batched_p2p_stall(directory: Path) -> None:
+    """:func:`batched_p2p_stall` as the hook records a batch: each op its own entry and p2p number, no closer, each
+    retired on its own completion. In the last round rank 2 posts nothing: rank 1's send to it and rank 3's receive
+    from it stay 'scheduled', their other halves completed."""
+    clock = Clock()
+    ranks = [Rank(r, [DEFAULT4], clock, lib="nccl2") for r in range(4)]
+    for step in range(3):
+        for rank in ranks:
+            r = rank.rank
+            if step == 2 and r == 2:
+                continue
+            nxt, prev = (r + 1) % 4, (r - 1) % 4
+            rank.send(DEFAULT4, nxt, state="scheduled" if step == 2 and nxt == 2 else "completed")
+            rank.recv(DEFAULT4, prev, state="scheduled" if step == 2 and prev == 2 else "completed")
+        clock.settle()
+    _write_all(directory, ranks)
+
+
 SCENARIOS: dict[str, Callable[[Path], None]] = {
     "sub_group_stall": sub_group_stall,
     "p2p_stall": p2p_stall,
@@ -345,6 +377,8 @@ SCENARIOS: dict[str, Callable[[Path], None]] = {
     "behind_unwrapped": behind_unwrapped,
     "wrapped_by_one": wrapped_by_one,
     "coalesced_healthy": coalesced_healthy,
+    "nccl2_sub_group_stall": nccl2_sub_group_stall,
+    "nccl2_batched_p2p_stall": nccl2_batched_p2p_stall,
 }
 
 #: scenario -> (exit code, the start of the first line)
@@ -395,6 +429,15 @@ EXPECTED: dict[str, tuple[int, str]] = {
     "behind_unwrapped": (1, "rank 3 did not enter all_reduce #1 on tp, ranks 2-3, in which rank 2 waited 600.0 s"),
     "wrapped_by_one": (0, "every rank agrees: 4 dumps"),
     "coalesced_healthy": (0, "every rank agrees: 4 dumps"),
+    "nccl2_sub_group_stall": (
+        1,
+        "rank 3 did not enter all_reduce #3 on tp, ranks 2-3, in which rank 2 waited 600.0 s",
+    ),
+    "nccl2_batched_p2p_stall": (
+        1,
+        "rank 2 did not receive from rank 1, which waited in its send #5; did not send to rank 3, which waited in "
+        "its recv #6 on default, ranks 0-3",
+    ),
 }
 
 
