@@ -12,7 +12,9 @@ that did not join.
   ``TORCH_FR_DUMP_ON_TIMEOUT``). A variable of a pair that the user set keeps the pair as it is.
   Off (the default) sets nothing: torch's own default stands (torch 2.11 and later record 2,000
   entries per rank anyway, Gloo's included; torch 2.9 and 2.10 record nothing), and nothing dumps.
-* Under NCCL, torch's watchdog writes the dump itself on a timeout, to the same file name.
+* Under NCCL, torch writes the dump itself on a timeout, to the same file name: stock NCCL's watchdog, or in
+  torch 2.15 (plain ``"nccl"`` is ``ProcessGroupNCCL2``) the ``FlightRecorderHook`` torch attaches to each group,
+  when the backend aborts. :func:`dump_now` writes every recorder of the rank (see its docstring).
 * Under Gloo torch writes nothing. The shim dumps where it runs collectives (the barrier
   before changing timeouts in :mod:`nemo_rl_shim.timeouts`; preflight's checks) through
   :func:`dump_on_timeout`, which a training loop can use the same way. The rank that caught the
@@ -102,7 +104,21 @@ def is_enabled() -> bool:
 def configure(settings: FlightRecorderSettings, environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
     """Set torch's recorder variables for ``settings`` where the user set neither name; return what was set.
 
-    Call before the first process group exists: torch reads the buffer size when it makes the recorder.
+    Call before the first process group exists: torch reads the buffer size when it makes a recorder. Who reads
+    what (torch 2.15's sources):
+
+    * the buffer size, every recorder when it is made (``FlightRecorder``'s constructor: ``TORCH_FR_BUFFER_SIZE``,
+      then ``TORCH_NCCL_TRACE_BUFFER_SIZE``): Gloo's at its first group, stock NCCL's at its first, and each hooked
+      backend's (``nccl2``) when torch attaches the hook to a group, which it does only where the size is above 0
+      (``_maybe_attach_flight_recorder``);
+    * the dump on a timeout: stock NCCL reads ``TORCH_NCCL_DUMP_ON_TIMEOUT``; the hook ``TORCH_FR_DUMP_ON_TIMEOUT``,
+      then ``TORCH_NCCL_DUMP_ON_TIMEOUT``, and dumps by default (it is on even where this function is not called);
+    * the file, one writer per process for both (``DebugInfoWriter``): ``TORCH_FR_DUMP_TEMP_FILE``, then
+      ``TORCH_NCCL_DEBUG_INFO_TEMP_FILE``, ``<prefix><rank>``.
+
+    So the three names set here (the first of each pair) reach stock NCCL, NCCL2 and Gloo alike. Where the user
+    set ``TORCH_FR_DUMP_ON_TIMEOUT`` alone, its value is copied to ``TORCH_NCCL_DUMP_ON_TIMEOUT``, the only name
+    stock NCCL reads: both backends then do what the user chose.
     """
     env = os.environ if environ is None else environ
     wanted = {
@@ -114,6 +130,9 @@ def configure(settings: FlightRecorderSettings, environ: MutableMapping[str, str
     for what, names in ENV_PAIRS.items():
         if not any(name in env for name in names):
             env[names[0]] = applied[names[0]] = wanted[what]
+    nccl_name, fr_name = ENV_PAIRS["dump_on_timeout"]
+    if fr_name in env and nccl_name not in env:  # the user's choice, under the one name stock NCCL reads
+        env[nccl_name] = applied[nccl_name] = env[fr_name]
     _State.settings = settings
     return applied
 
