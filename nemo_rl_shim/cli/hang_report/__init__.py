@@ -6,7 +6,9 @@ number, and how long the others waited. Then the groups by shape, the other find
 and what torch's own analyzer made of them.
 
 Split by job, as torch's own ``flight_recorder/`` keeps loader, builder and types apart:
-:mod:`.loader` (finding and reading the dumps), :mod:`.analysis` (who did not join),
+:mod:`.loader` (finding the dumps, reading many in processes), :mod:`.dump_format` (torch's dump format,
+read as untrusted input through :mod:`.safe_pickle`), :mod:`.records` (the typed records), :mod:`.world`
+(the run's ranks, from the dumps' own records), :mod:`.analysis` (who did not join),
 :mod:`.torch_analyzer` (torch's analyzer, one line whatever it does) and :mod:`.render`
 (text and JSON). This module is the command.
 
