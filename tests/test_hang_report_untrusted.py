@@ -237,6 +237,7 @@ MALFORMED: dict[str, tuple[Any, str]] = {
     "a NaN sequence number": (_set("2", "collective_seq_id", math.nan), "'collective_seq_id' is nan (float)"),
     "a text sequence number": (_set("0", "collective_seq_id", "3"), "'collective_seq_id' is '3' (str)"),
     "a negative sequence number": (_set("1", "collective_seq_id", -1), "'collective_seq_id' is -1 (int)"),
+    "a sequence number past int64": (_set("1", "collective_seq_id", 2**70), "not an int from 0 to 2**63 - 1"),
     "a bool for is_p2p": (_set("0", "is_p2p", 1), "'is_p2p' is 1 (int), not a bool"),
     "a process group that is text": (_set("0", "process_group", "0"), "'process_group' is '0' (str)"),
     "a profiling name that is a number": (_set("0", "profiling_name", 7), "'profiling_name' is 7 (int)"),
@@ -293,3 +294,62 @@ def test_dumps_that_hold_no_entry_keep_json_valid(tmp_path, capfd) -> None:
         (tmp_path / f"{PREFIX}{rank}").write_bytes(pickle.dumps({"version": "2.10", "entries": []}))
     code, out, err = _run(tmp_path, capfd, as_json=True)
     assert code == 2 and json.loads(out)["line"].startswith("cannot tell"), (out, err)
+
+
+# --- anything else: seeded random damage, never a traceback ---------------------------------------------------------
+
+_DAMAGE = [None, "x", "", -1, 2**70, math.nan, 1.5, True, [], {}, [[1]], [["a"]], ("a",), (1, 2), {"a": 1}, b"x"]
+_SHIM_DAMAGE = [{"0": {"ranks": [0, 5]}}, {"nccl": 3}, {"nccl": {"first_record_id": "a"}}, {"0": {"axes": "tp"}}]
+
+
+def _damage(raw: dict[str, Any], rng: Any, rank: int) -> str:
+    """One random change to a dump: an entry's field, a top-level key, the shim's keys, or a pg_config field."""
+    where = rng.random()
+    if where < 0.6:
+        entry = rng.choice(raw["entries"])
+        key = rng.choice(sorted(entry))
+        entry[key] = rng.choice(_DAMAGE)
+        return f"entry {key}"
+    if where < 0.75:
+        key = rng.choice(sorted(raw))
+        raw[key] = rng.choice(_DAMAGE)
+        return f"top-level {key}"
+    if where < 0.9:
+        shim = {"rank": rank, "world_size": 4, "groups": {"0": {"axes": ["default"], "ranks": [0, 1, 2, 3]}}}
+        shim["recorders"] = {"nccl": {"first_record_id": 0, "oldest_ns": 1}}
+        key = rng.choice(sorted(shim))
+        shim[key] = rng.choice(_DAMAGE + _SHIM_DAMAGE)
+        raw["nemo_rl_shim"] = shim
+        return f"nemo_rl_shim.{key}"
+    key = rng.choice(["ranks", "desc", "name"])
+    raw["pg_config"]["0"][key] = rng.choice([*_DAMAGE, "[0, 9999]", "[1, 1]", "[]"])
+    return f"pg_config['0'].{key}"
+
+
+def test_random_damage_never_gives_a_traceback(tmp_path) -> None:
+    """120 seeded damaged copies of NCCL-format scenarios (a p2p pipeline, a wrapped buffer, the hook's format):
+    each gets exit 0, 1 or 2, and exit 2 is one line naming the folder's file."""
+    import random
+    import shutil
+
+    from nemo_rl_shim.cli import hang_report
+    from tests.harness.nccl_scenarios import build
+
+    names = ["sub_group_stall", "pipeline_stall", "wrapped_stall", "nccl2_batched_p2p_stall"]
+    sources = {name: build(name, tmp_path / "sources" / name) for name in names}
+    rng = random.Random(27)
+    codes = []
+    for case in range(120):
+        name = rng.choice(names)
+        directory = tmp_path / f"case{case}"
+        shutil.copytree(sources[name], directory)
+        path = rng.choice(sorted(directory.iterdir()))
+        raw = pickle.loads(path.read_bytes())
+        what = _damage(raw, rng, int(path.name.rpartition("_")[2]))
+        path.write_bytes(pickle.dumps(raw))
+        code, text = hang_report.main(str(directory), with_torch=False)
+        codes.append(code)
+        if code == 2 and not text.startswith("cannot tell"):
+            assert len(text.splitlines()) == 1 and str(directory) in text, (name, what, text)
+        shutil.rmtree(directory)
+    assert set(codes) == {1, 2} or set(codes) == {0, 1, 2}, codes

@@ -51,6 +51,8 @@ __all__ = [
 ]
 
 _STATES = ("scheduled", "started", "completed")
+#: torch's numbers are size_t; above this one an int64 array cannot hold them.
+_MAX_SEQ = 2**63 - 1
 _P2P_OPS = ("send", "recv")
 _SHOW = reprlib.Repr()
 _SHOW.maxlevel, _SHOW.maxstring, _SHOW.maxother, _SHOW.maxlist, _SHOW.maxdict = 2, 40, 40, 4, 4
@@ -269,8 +271,8 @@ def _entry_problem(raw: Any, seq_key: str) -> str:
     if not isinstance(raw.get("profiling_name"), str):
         return f"'profiling_name' is {_shown(raw.get('profiling_name'))}, not text"
     for key in (seq_key, "p2p_seq_id", "record_id"):
-        if key in raw and raw[key] is not None and not (_is_int(raw[key]) and raw[key] >= 0):
-            return f"{key!r} is {_shown(raw[key])}, not a non-negative int"
+        if key in raw and raw[key] is not None and not (_is_int(raw[key]) and 0 <= raw[key] <= _MAX_SEQ):
+            return f"{key!r} is {_shown(raw[key])}, not an int from 0 to 2**63 - 1"
     if seq_key not in raw and "is_p2p" not in raw:
         return f"no {seq_key!r}"
     if raw.get("is_p2p") is not None and not isinstance(raw["is_p2p"], bool):
@@ -370,7 +372,7 @@ def _scan(entries: list[Any], path: Path, seq_key: str) -> _Scan:
             if flag is not None and flag is not False:
                 raise TypeError
             seq = raw[seq_key]
-            if type(seq) is not int or seq < 0:
+            if type(seq) is not int or not 0 <= seq <= _MAX_SEQ:
                 raise TypeError
         except (KeyError, TypeError, IndexError, AttributeError):
             raise _bad_entry(path, index, raw, seq_key) from None
