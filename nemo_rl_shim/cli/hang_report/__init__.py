@@ -6,13 +6,16 @@ number, and how long the others waited. Then the groups by shape, the other find
 and what torch's own analyzer made of them.
 
 Split by job, as torch's own ``flight_recorder/`` keeps loader, builder and types apart:
-:mod:`.loader` (finding and reading the dumps), :mod:`.analysis` (who did not join),
+:mod:`.loader` (finding the dumps, reading many in processes), :mod:`.dump_format` (torch's dump format,
+read as untrusted input through :mod:`.safe_pickle`), :mod:`.records` (the typed records), :mod:`.world`
+(the run's ranks, from the dumps' own records), :mod:`.analysis` (who did not join),
 :mod:`.torch_analyzer` (torch's analyzer, one line whatever it does) and :mod:`.render`
 (text and JSON). This module is the command.
 
 Exit codes: 0 every rank agrees; 1 a stall, an unfinished collective or p2p op, a mismatch or a
-missing dump; 2 a folder or file that cannot be read, or dumps that hold no entry to compare (one
-line on stderr).
+missing dump; 2 a folder or file that cannot be read, a dump that is malformed or refused (it would run
+code), dumps that disagree on the world, or dumps that hold no entry to compare (one line on stderr naming
+the file; with ``--json`` the same line in a JSON object on stdout too).
 """
 
 from __future__ import annotations
@@ -124,11 +127,16 @@ def render(report: HangReport) -> str:
 
 
 def main(directory: str, *, as_json: bool = False, with_torch: bool | None = None) -> tuple[int, str]:
-    """The command: ``(exit code, text)``; a :class:`DumpError` is ``(2, its one line)``."""
+    """The command: ``(exit code, text)``; a :class:`DumpError` is ``(2, its one line)``, or with ``as_json`` a JSON
+    object that carries it (``line``, ``exit_code``, ``error``), so that ``--json`` is JSON on every path."""
     try:
         report = build_report(directory, with_torch=with_torch)
     except DumpError as e:
-        return EXIT_UNREADABLE, f"hang-report: {e}"
+        line = f"hang-report: {e}"
+        if as_json:
+            payload = {"line": line, "exit_code": EXIT_UNREADABLE, "directory": str(directory), "error": str(e)}
+            return EXIT_UNREADABLE, json.dumps(payload, indent=2)
+        return EXIT_UNREADABLE, line
     text = json.dumps(report.to_json(), indent=2, default=str) if as_json else render(report)
     return report.exit_code, text
 

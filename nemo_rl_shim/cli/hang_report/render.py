@@ -169,6 +169,7 @@ def report_json(line: str, exit_code: int, analysis: Analysis, directory: Path, 
         "exit_code": exit_code,
         "directory": str(directory),
         "world_size": analysis.world_size,
+        "world_from": analysis.world.source if analysis.world else None,
         "missing_dumps": analysis.missing,
         "findings": [finding_json(f, analysis) for f in analysis.findings],
         "groups": [
