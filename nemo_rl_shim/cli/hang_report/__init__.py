@@ -104,16 +104,17 @@ class HangReport:
         places = stalled_line(self.stacks)
         if self.missing:
             line = f"no dump from rank{'s' * (len(self.missing) > 1)} {format_ranks(self.missing)}"
-        elif self.empty:
-            line = (
+            return f"{line}; {places}" if places else line
+        if places:  # the dumps name no one, yet a rank stayed in its block: that rank comes first
+            if self.empty:
+                return f"{places}; the {len(self.dumps)} dumps hold no entry to compare"
+            return f"{places}; the {len(self.dumps)} dumps agree, every group at the same collective"
+        if self.empty:
+            return (
                 f"cannot tell: the {len(self.dumps)} dumps hold no entry (torch's Gloo recorder records no "
                 "send/recv; a recorder made with TORCH_FR_BUFFER_SIZE=0 records nothing)"
             )
-        elif places:  # the collectives agree, yet a rank stayed in its block: that rank comes first
-            return f"{places}; the {len(self.dumps)} dumps agree, every group at the same collective"
-        else:
-            return f"every rank agrees: {len(self.dumps)} dumps, every group at the same collective"
-        return f"{line}; {places}" if places else line
+        return f"every rank agrees: {len(self.dumps)} dumps, every group at the same collective"
 
     def to_json(self) -> dict[str, Any]:
         return report_json(self.line, self.exit_code, self.analysis, self.directory, self.torch, self.stacks)

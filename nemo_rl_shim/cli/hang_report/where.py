@@ -48,12 +48,16 @@ def _place(frame: Frame | None) -> str:
     return f"at {frame.where}" if frame is not None else "in a stack without frames"
 
 
-def _culprit_places(ranks: Sequence[int], stacks: Mapping[int, RankStack], also: str = "") -> str:
-    """``at /job/train.py:57 in load_batch (its stack, 8.0 s into "train step")``, or per group for several."""
+def _culprit_places(ranks: Sequence[int], stacks: Mapping[int, RankStack], also: str = "", named: bool = True) -> str:
+    """``rank 3 at /job/train.py:57 in load_batch (its stack, 8.0 s into "train step")``, per group of identical
+    places; ``named=False`` drops the rank where the line has just named it, alone."""
     grouped = places(ranks, stacks)
-    if len(ranks) == 1 and grouped:
-        return f"{_place(grouped[0][0])} (its stack, {stacks[ranks[0]].since}{also})"
-    return "; ".join(f"{_ranks(rs)} {_place(frame)} (stack, {stacks[rs[0]].since})" for frame, rs in grouped)
+    parts = []
+    for frame, rs in grouped:
+        who = f"{_ranks(rs)} " if named or len(ranks) > 1 else ""
+        whose = "its stack" if len(rs) == 1 else "their stacks"
+        parts.append(f"{who}{_place(frame)} ({whose}, {stacks[rs[0]].since}{also})")
+    return "; ".join(parts)
 
 
 def _peer_places(waiting: Sequence[int], stacks: Mapping[int, RankStack]) -> str:
@@ -88,7 +92,7 @@ def finding_line(finding: Finding, stacks: Mapping[int, RankStack]) -> str:
         also = "; no dump from it" if finding.kind == "missing" and len(finding.ranks) == 1 else ""
         if finding.kind == "missing" and len(finding.ranks) > 1:
             also = "; no dump from them"
-        at = _culprit_places(finding.ranks, stacks, also)
+        at = _culprit_places(finding.ranks, stacks, also, named=False)
         waited = f"{_ranks(finding.waiting)} waited"
         waited += f" {finding.waited_s:.1f} s" if finding.waited_s is not None else ""
         return f"{_ranks(finding.ranks)} did not enter {where}: {at}; {waited} in it{peers}"

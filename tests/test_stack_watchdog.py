@@ -1,0 +1,127 @@
+"""The stack watchdog in this process: faulthandler's C watchdog armed per block, one per process, the file's states.
+
+Real faulthandler, real files, short deadlines (0.2 s); no process group (``stack_watchdog`` takes the path and
+the rank). The GIL case: a ``ctypes.PyDLL`` call to libc's ``sleep`` keeps the GIL while the watchdog writes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from nemo_rl_shim import stack_watchdog
+from nemo_rl_shim.cli.hang_report.stacks import read_stack
+from nemo_rl_shim.stack_watchdog import HEADER, arm, armed_blocks, disarm, forget, stack_path
+
+SHORT_S = 0.2
+
+
+@pytest.fixture
+def path(tmp_path: Path) -> Iterator[Path]:
+    """A fresh stack file; whatever a test leaves armed is disarmed, and the process may arm again."""
+    target = stack_path(tmp_path, 5)
+    yield target
+    for _ in armed_blocks():
+        disarm(stack_watchdog._State.blocks[-1].token, failed=False)
+    forget(target)
+
+
+def _hold_the_gil(seconds: int) -> None:
+    libc = ctypes.PyDLL(None)
+    libc.sleep.argtypes = [ctypes.c_uint]
+    libc.sleep(seconds)  # the C call that keeps the GIL
+
+
+def _line_of(marker: str) -> int:
+    return next(n for n, line in enumerate(Path(__file__).read_text().splitlines(), 1) if line.endswith(marker))
+
+
+def test_a_block_past_its_deadline_writes_its_stack_while_holding_the_gil(path: Path) -> None:
+    token = arm(path, 5, "train step", SHORT_S)
+    started = time.monotonic()
+    _hold_the_gil(1)
+    held = time.monotonic() - started
+    stack = read_stack(path, 5)  # written during the call: no Python thread could have run
+    disarm(token, failed=True)
+    assert held >= 1.0
+    assert stack.fired and (stack.what, stack.after_s, stack.rank) == ("train step", SHORT_S, 5), stack
+    assert stack.frames[0].function == "_hold_the_gil"
+    assert stack.frames[0].line == _line_of("# the C call that keeps the GIL")
+    assert stack.frames[1].function == "test_a_block_past_its_deadline_writes_its_stack_while_holding_the_gil"
+
+
+def test_leaving_in_time_leaves_an_empty_file(path: Path) -> None:
+    token = arm(path, 5, "train step", 30)
+    assert path.read_text().startswith(HEADER), "armed: the header alone"
+    disarm(token, failed=False)
+    time.sleep(SHORT_S)
+    assert path.read_bytes() == b""
+
+
+def test_nested_blocks_share_the_one_watchdog(path: Path) -> None:
+    outer = arm(path, 5, "outer", 30)
+    inner = arm(path, 5, "inner", SHORT_S)  # earlier deadline: the watchdog moves to it
+    assert armed_blocks() == ["outer", "inner"]
+    assert read_stack(path, 5).what == "inner"
+    disarm(inner, failed=False)
+    assert read_stack(path, 5).what == "outer", "back to the outer block's deadline"
+    time.sleep(2 * SHORT_S)
+    assert not read_stack(path, 5).fired, "the inner block's deadline no longer counts"
+    later = arm(path, 5, "later inner", 60)  # a later deadline: the outer block keeps the watchdog
+    assert read_stack(path, 5).what == "outer"
+    disarm(later, failed=False)
+    disarm(outer, failed=False)
+    assert path.read_bytes() == b""
+
+
+def test_a_stack_of_a_block_that_failed_is_kept_and_nothing_more_is_armed(path: Path) -> None:
+    token = arm(path, 5, "train step", SHORT_S)
+    time.sleep(3 * SHORT_S)
+    disarm(token, failed=True)
+    kept = path.read_text()
+    assert read_stack(path, 5).fired
+    assert arm(path, 5, "next step", SHORT_S) is None
+    time.sleep(2 * SHORT_S)
+    assert path.read_text() == kept
+
+
+def test_a_stack_of_a_block_that_then_finished_is_dropped(path: Path) -> None:
+    token = arm(path, 5, "slow step", SHORT_S)
+    time.sleep(3 * SHORT_S)
+    assert read_stack(path, 5).fired
+    disarm(token, failed=False)
+    assert path.read_bytes() == b"", "slow, not stuck: its stack would name a place the rank has left"
+    assert arm(path, 5, "next step", 30) is not None
+
+
+def _arm_in_child(path: str, queue: multiprocessing.Queue) -> None:
+    queue.put(arm(Path(path), 6, "child", 30))
+
+
+def test_a_child_forked_while_armed_arms_nothing(path: Path) -> None:
+    """faulthandler's cancel in such a child waits forever for a watchdog thread it does not have."""
+    token = arm(path, 5, "parent", 30)
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_arm_in_child, args=(str(path.with_name("child.txt")), queue))
+    child.start()
+    child.join(30)
+    disarm(token, failed=False)
+    if child.is_alive():
+        child.kill()
+        pytest.fail("the child hung in faulthandler")
+    assert queue.get(timeout=5) is None
+
+
+def test_forget_removes_a_stale_stack_and_lets_a_sealed_process_arm_again(path: Path) -> None:
+    token = arm(path, 5, "train step", SHORT_S)
+    time.sleep(3 * SHORT_S)
+    disarm(token, failed=True)
+    forget(path)
+    assert not path.exists()
+    assert arm(path, 5, "after set-up", 30) is not None
