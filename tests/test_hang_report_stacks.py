@@ -75,6 +75,12 @@ def test_the_watched_thread_is_the_one_the_header_names(tmp_path: Path) -> None:
     assert not stack.in_torch_distributed
 
 
+def test_the_header_chooses_the_thread_wherever_it_is_listed() -> None:
+    stack = parse_stack(_stack_text(SLEEPING, thread=WORKER), 3, Path("f"))
+    assert stack.frames[0] == Frame("/job/watch.py", 10, "poll")
+    assert list(stack.other_threads) == [f"0x{MAIN:016x}"]
+
+
 def test_without_a_header_the_last_thread_listed_is_read() -> None:
     """A loop that arms faulthandler.dump_traceback_later itself: no header; the main thread is listed last."""
     text = "Timeout (0:00:08)!\n" + _thread(WORKER, WATCHER) + _thread(MAIN, SLEEPING)
@@ -87,6 +93,7 @@ def test_without_a_header_the_last_thread_listed_is_read() -> None:
 def test_of_several_dumps_in_one_file_the_last_stands() -> None:
     text = "Timeout (0:00:08)!\n" + _thread(MAIN, IN_ALL_REDUCE) + "Timeout (0:00:08)!\n" + _thread(MAIN, SLEEPING)
     assert parse_stack(text, 1, Path("f")).frames[0].function == "load_batch"
+    assert parse_stack(_header() + text, 1, Path("f")).frames[0].function == "load_batch", "the header's thread too"
 
 
 def test_the_user_frame_skips_torch_the_shim_and_the_standard_library() -> None:

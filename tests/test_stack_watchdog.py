@@ -79,6 +79,24 @@ def test_nested_blocks_share_the_one_watchdog(path: Path) -> None:
     assert path.read_bytes() == b""
 
 
+def test_leaving_a_block_moves_the_watch_to_the_earliest_deadline_left(path: Path) -> None:
+    outer = arm(path, 5, "outer", 60)
+    middle = arm(path, 5, "middle", 30)
+    inner = arm(path, 5, "inner", SHORT_S)
+    disarm(inner, failed=False)
+    assert read_stack(path, 5).what == "middle"
+    disarm(middle, failed=False)
+    assert read_stack(path, 5).what == "outer"
+    disarm(outer, failed=False)
+
+
+def test_a_block_that_failed_before_its_deadline_keeps_nothing_and_arming_goes_on(path: Path) -> None:
+    token = arm(path, 5, "train step", 30)
+    disarm(token, failed=True)
+    assert path.read_bytes() == b""
+    assert arm(path, 5, "next step", 30) is not None
+
+
 def test_a_stack_of_a_block_that_failed_is_kept_and_nothing_more_is_armed(path: Path) -> None:
     token = arm(path, 5, "train step", SHORT_S)
     time.sleep(3 * SHORT_S)
