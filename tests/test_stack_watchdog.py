@@ -1,7 +1,8 @@
 """The stack watchdog in this process: faulthandler's C watchdog armed per block, one per process, the file's states.
 
 Real faulthandler, real files, short deadlines (0.2 s); no process group (``stack_watchdog`` takes the path and
-the rank). The GIL case: a ``ctypes.PyDLL`` call to libc's ``sleep`` keeps the GIL while the watchdog writes.
+the rank), but for the set-up's clean-up, on a one-rank Gloo group in this process. The GIL case: a
+``ctypes.PyDLL`` call to libc's ``sleep`` keeps the GIL while the watchdog writes.
 """
 
 from __future__ import annotations
@@ -9,13 +10,17 @@ from __future__ import annotations
 import ctypes
 import multiprocessing
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import torch.distributed as dist
 
-from nemo_rl_shim import stack_watchdog
+from nemo_rl_shim import flight_recorder, stack_watchdog
 from nemo_rl_shim.cli.hang_report.stacks import read_stack
+from nemo_rl_shim.config import FlightRecorderSettings
 from nemo_rl_shim.stack_watchdog import HEADER, arm, armed_blocks, disarm, forget, stack_path
 
 SHORT_S = 0.2
@@ -143,3 +148,22 @@ def test_forget_removes_a_stale_stack_and_lets_a_sealed_process_arm_again(path: 
     forget(path)
     assert not path.exists()
     assert arm(path, 5, "after set-up", 30) is not None
+
+
+def test_set_up_removes_the_stack_an_earlier_run_left(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``record_groups`` (``setup_distributed`` calls it) removes this rank's old stack, as it removes its old dump:
+    a rank that then stalls before its first watched block must not be placed by the earlier run's stack."""
+    stale = stack_path(tmp_path, 0)
+    stale.write_text('Timeout (0:00:08)!\nThread 0x01 (most recent call first):\n  File "old.py", line 1 in f\n')
+    assert read_stack(stale, 0).fired
+    monkeypatch.setenv("TORCH_FR_DUMP_TEMP_FILE", str(tmp_path / flight_recorder.DUMP_FILE_NAME))
+    monkeypatch.setattr(flight_recorder._State, "settings", FlightRecorderSettings(tmp_path))
+    assert not dist.is_initialized(), "a process group leaked into this test from an earlier one"
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # the recorder's buffer was set before this group
+            flight_recorder.record_groups(SimpleNamespace(device_mesh=None, moe_mesh=None))
+    finally:
+        dist.destroy_process_group()
+    assert not stale.exists()
