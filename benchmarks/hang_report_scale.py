@@ -21,7 +21,9 @@ Measured, each in a fresh process (``/usr/bin/time``-free: ``resource.getrusage`
   readers as the command uses (:func:`loader._readers`), each ending without freeing, as the command's
   readers do. Twice: plain ``pickle.load``, and an unpickler whose ``find_class`` refuses every global
   (what a restricted reader costs; torch's dumps hold none). The report and both floors run in turn, each
-  in a fresh process, :data:`REPEATS` times; the ratio is of the medians;
+  in a fresh process, :data:`REPEATS` times; the ratio is of the medians of the wall times, and, less
+  sensitive to the shared machine's load, of the CPU seconds (the report's readers and its own work in
+  ``build_report``, against the floor's readers);
 * torch's own analyzer (``build_db``) on the same dumps, in its own process, bounded by
   :data:`TORCH_BOUND_S`.
 
@@ -66,7 +68,7 @@ TORCH_BOUND_S = 300
 TORCH_UP_TO_RANKS = 1024
 MEASURE_BOUND_S = 900
 #: Runs of the report per size up to 1,024 ranks (the median stands): the machine is shared, its load varies.
-REPEATS = 3
+REPEATS = 5
 
 
 def culprit(world: int) -> int:
@@ -204,9 +206,12 @@ def _child_report(directory: str) -> None:
     from nemo_rl_shim.cli.hang_report import loader
 
     loader_readers = loader._readers(len(loader.find_dumps(directory)[0]))
+    before = resource.getrusage(resource.RUSAGE_SELF)
     start = time.perf_counter()
     report = hang_report.build_report(directory, with_torch=False)
     wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    work_cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
     text = hang_report.render(report)
     json_text = json.dumps(report.to_json(), default=str)
     from nemo_rl_shim.cli.hang_report.stacks import load_stacks
@@ -226,6 +231,7 @@ def _child_report(directory: str) -> None:
                 # be on idle cores, divided among them; the wall time here is under other engineers' load
                 "reader_cpu_s": round(readers.ru_utime + readers.ru_stime, 2),
                 "own_cpu_s": round(own.ru_utime + own.ru_stime, 2),
+                "own_report_cpu_s": round(work_cpu, 2),  # this process's CPU in build_report (no imports)
                 "readers": loader_readers,
                 "line": report.line,
                 "exit_code": report.exit_code,
@@ -300,7 +306,7 @@ def measure(world: int, base: Path, with_torch: bool) -> dict[str, Any]:
     # the median run (by wall time) stands for the size; every run's wall time and load are kept
     facts["hang_report"] = sorted(runs, key=lambda run: run.get("wall_s") or float("inf"))[len(runs) // 2]
     facts["hang_report_walls_s"] = walls
-    facts["floor"] = _floor_facts(floors, walls, TARGET_FLOOR_RATIO.get(world))
+    facts["floor"] = _floor_facts(floors, runs, TARGET_FLOOR_RATIO.get(world))
     if with_torch:
         facts["torch_analyzer"] = _run_child("torch", directory, TORCH_BOUND_S)
     facts["load_after"] = list(os.getloadavg())
@@ -318,11 +324,15 @@ def measure(world: int, base: Path, with_torch: bool) -> dict[str, Any]:
     return facts
 
 
-def _floor_facts(floors: dict[str, list[dict[str, Any]]], walls: list[Any], target: float | None) -> dict[str, Any]:
-    """Each floor's wall times, their medians, and the report's median over each."""
+def _floor_facts(
+    floors: dict[str, list[dict[str, Any]]], runs: list[dict[str, Any]], target: float | None
+) -> dict[str, Any]:
+    """Each floor's wall times, their medians, and the report's median over each (wall and CPU)."""
     from statistics import median
 
-    out: dict[str, Any] = {"target_ratio": target}
+    walls = [run.get("wall_s") for run in runs]
+    report_cpu = [round(run["reader_cpu_s"] + run["own_report_cpu_s"], 2) for run in runs if "own_report_cpu_s" in run]
+    out: dict[str, Any] = {"target_ratio": target, "report_cpu_s": report_cpu}
     report_s = median(w for w in walls if w is not None) if any(w is not None for w in walls) else None
     for mode, runs in floors.items():
         times = [run.get("wall_s") for run in runs]
@@ -334,6 +344,9 @@ def _floor_facts(floors: dict[str, list[dict[str, Any]]], walls: list[Any], targ
             "errors": [run["error"] for run in runs if "error" in run],
         }
         out[f"report_over_{mode}"] = round(report_s / floor_s, 3) if report_s and floor_s else None
+        floor_cpu = [c for c in out[mode]["reader_cpu_s"] if c is not None]
+        if floor_cpu and report_cpu:
+            out[f"report_cpu_over_{mode}_cpu"] = round(median(report_cpu) / median(floor_cpu), 3)
     ratios = [out["report_over_plain"], out["report_over_restricted"]]
     out["meets_target"] = target is None or all(r is not None and r <= target for r in ratios)
     return out

@@ -26,7 +26,7 @@ import json
 import os
 import re
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,13 +48,16 @@ __all__ = [
 #: A stack file is read up to this size (faulthandler writes at most 100 threads of 100 frames).
 MAX_STACK_BYTES = 1 << 20
 _NAME = re.compile("^" + re.escape(STACK_FILE_NAME).replace(re.escape("{rank}"), r"(?P<rank>\d{1,9})") + "$")
+#: A thread's first line (``Stack ...`` where faulthandler dumps one thread), across the text.
 _THREAD = re.compile(
-    r"^(?P<current>Current thread|Thread) (?P<id>0x[0-9a-fA-F]+)(?: \[.*\])? \(most recent call first\):$"
+    r"^(?:(?P<current>Current thread|Thread) (?P<id>0x[0-9a-fA-F]+)(?: \[.*\])? \(most recent call first\):"
+    r"|(?P<single>Stack) \(most recent call first\):)$",
+    re.MULTILINE,
 )
-_STACK = "Stack (most recent call first):"
-_FRAME = re.compile(r'^  File "(?P<file>.*)", line (?P<line>\d+|\?\?\?) in (?P<function>.*)$')
+_FRAME = re.compile(r'^  File "(.*)", line (\d+|\?\?\?) in (.*)$', re.MULTILINE)
 #: Lines that start a new dump in one file (a plain faulthandler user's file, re-armed without emptying it).
-_DUMP_STARTS = ("Timeout (", "Fatal Python error", "Windows fatal exception")
+_DUMP_START = re.compile(r"^(?:Timeout \(|Fatal Python error|Windows fatal exception)", re.MULTILINE)
+_CUT = re.compile(r"^ *\.\.\.$", re.MULTILINE)
 #: Paths of frames that are not the user's: torch (and its C10d bindings), this shim, the standard library.
 _RUNTIME = re.compile(
     r"[/\\](?:torch|nemo_rl_shim)[/\\]"
@@ -157,41 +160,59 @@ def _header(line: str, stack: RankStack) -> None:
     stack.thread = thread.lower() if isinstance(thread, str) and re.fullmatch(r"0x[0-9a-fA-F]{1,32}", thread) else None
 
 
-def _threads(lines: Iterable[str], stack: RankStack) -> list[tuple[str | None, bool, list[Frame]]]:
-    """The threads of the last dump in the file: ``(id, current?, frames)``."""
-    threads: list[tuple[str | None, bool, list[Frame]]] = []
-    for line in lines:
-        if line.startswith(_DUMP_STARTS):
-            threads = []  # a later dump in the same file: the newest stands
-        elif m := _THREAD.match(line):
-            threads.append((m["id"].lower(), m["current"] == "Current thread", []))
-        elif line == _STACK:
-            threads.append((None, True, []))
-        elif threads and (m := _FRAME.match(line)):
-            number = m["line"]
-            threads[-1][2].append(Frame(sys.intern(m["file"]), int(number) if number.isdigit() else None,
-                                        sys.intern(m["function"])))  # fmt: skip
-        elif threads and line.strip() == "...":
-            stack.truncated = True
-    return threads
+#: Frames already made, by their line: the ranks of one job share most of their frames (bounded, for hostile files).
+_MADE: dict[str, Frame] = {}
+_MADE_MAX = 100_000
+
+
+def _frame(match: re.Match[str]) -> Frame:
+    line = match.group(0)
+    frame = _MADE.get(line)
+    if frame is None:
+        file, number, function = match.groups()
+        frame = Frame(sys.intern(file), int(number) if number.isdigit() else None, sys.intern(function))
+        if len(_MADE) < _MADE_MAX:
+            _MADE[line] = frame
+    return frame
+
+
+def _frames(block: str, first_only: bool = False) -> list[Frame]:
+    if first_only:
+        match = _FRAME.search(block)
+        return [_frame(match)] if match else []
+    return [_frame(match) for match in _FRAME.finditer(block)]
 
 
 def parse_stack(text: str, rank: int, path: Path) -> RankStack:
-    """A stack file's text, read (see the module docstring)."""
+    """A stack file's text, read (see the module docstring). The regular expressions run over the whole text:
+    at a thousand files a report, a loop over lines in Python cost more than reading them."""
     stack = RankStack(rank, path)
-    lines = text.splitlines()
-    if lines and lines[0].startswith(HEADER):
-        _header(lines[0], stack)
-        lines = lines[1:]
-    threads = _threads(lines, stack)
-    stack.threads = len(threads)
-    if not threads:
+    if text.startswith(HEADER):
+        first, _, text = text.partition("\n")
+        _header(first, stack)
+    starts = [m.start() for m in _DUMP_START.finditer(text)]
+    if starts:
+        text = text[starts[-1] :]  # a later dump in the same file: the newest stands
+    heads = list(_THREAD.finditer(text))
+    stack.threads = len(heads)
+    stack.truncated = _CUT.search(text) is not None
+    if not heads:
         return stack
     stack.fired = True
-    chosen = next((t for t in threads if stack.thread and t[0] == stack.thread), None)
-    chosen = chosen or next((t for t in threads if t[1]), None) or threads[-1]
-    stack.thread, stack.frames = chosen[0], tuple(chosen[2])
-    stack.other_threads = {str(t[0]): (t[2][0] if t[2] else None) for t in threads if t is not chosen}
+    ids = [None if m["single"] else m["id"].lower() for m in heads]
+    chosen = next((i for i, ident in enumerate(ids) if stack.thread and ident == stack.thread), None)
+    if chosen is None:
+        chosen = next(
+            (i for i, m in enumerate(heads) if m["single"] or m["current"] == "Current thread"), len(heads) - 1
+        )
+    ends = [m.start() for m in heads[1:]] + [len(text)]
+    blocks = [text[m.end() : end] for m, end in zip(heads, ends, strict=True)]
+    stack.thread, stack.frames = ids[chosen], tuple(_frames(blocks[chosen]))
+    stack.other_threads = {
+        str(ident): next(iter(_frames(block, first_only=True)), None)
+        for i, (ident, block) in enumerate(zip(ids, blocks, strict=True))
+        if i != chosen
+    }
     return stack
 
 
