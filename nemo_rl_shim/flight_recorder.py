@@ -100,6 +100,7 @@ class _State:
     groups: ClassVar[dict[str, dict[str, Any]]] = {}
     generation = 0
     lock = threading.Lock()
+    stack_warned = False
 
 
 def is_enabled() -> bool:
@@ -297,7 +298,13 @@ def _arm_stack(what: str, grace_s: float) -> int | None:
         return None
     rank = dist.get_rank()
     path = stack_watchdog.stack_path(dump_path(rank).parent, rank)
-    return stack_watchdog.arm(path, rank, what, _current_timeout_s() + grace_s)
+    try:
+        return stack_watchdog.arm(path, rank, what, _current_timeout_s() + grace_s)
+    except OSError as e:  # a help to the report: it must never fail the step it watches
+        if not _State.stack_warned:
+            _State.stack_warned = True
+            warnings.warn(f"no stack watch: {path} cannot be written ({e})", RuntimeWarning, stacklevel=4)
+        return None
 
 
 @contextlib.contextmanager

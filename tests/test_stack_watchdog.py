@@ -167,3 +167,23 @@ def test_set_up_removes_the_stack_an_earlier_run_left(tmp_path: Path, monkeypatc
     finally:
         dist.destroy_process_group()
     assert not stale.exists()
+
+
+def test_a_stack_file_that_cannot_be_written_never_fails_the_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The watch is a help: a dump folder that became unwritable costs a warning, and the block runs."""
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("a file where the folder should be")
+    monkeypatch.setenv("TORCH_FR_DUMP_TEMP_FILE", str(blocked / flight_recorder.DUMP_FILE_NAME))
+    monkeypatch.setattr(flight_recorder._State, "settings", FlightRecorderSettings(tmp_path))
+    monkeypatch.setattr(flight_recorder._State, "stack_warned", False)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    ran = []
+    try:
+        with pytest.warns(RuntimeWarning, match="no stack watch: .*not-a-folder/fr_stack_rank_0.txt cannot be written"):
+            with flight_recorder.dump_on_timeout("train step"):
+                ran.append(armed_blocks())
+    finally:
+        dist.destroy_process_group()
+    assert ran == [[]]
