@@ -16,8 +16,9 @@ faulthandler's text without the header (a loop that arms ``faulthandler.dump_tra
 reads too; its thread is the one faulthandler lists last (the oldest: the main thread).
 
 Like the dumps, the files come from shared folders: each is read up to :data:`MAX_STACK_BYTES`, as text,
-line by line; nothing in it is run, a line that is not faulthandler's is skipped, and a file that cannot
-be read is kept with a note rather than stopping the report (a stack is a help, not the evidence).
+with regular expressions; nothing in it is run, a line that is not faulthandler's is skipped, and a file
+that cannot be read is kept with a note rather than stopping the report (a stack is a help, not the
+evidence).
 """
 
 from __future__ import annotations
