@@ -21,6 +21,11 @@ that did not join.
   error also asks its peers, through the default group's store, to dump too: each rank runs a
   small watcher thread (:func:`record_groups` starts it) that dumps when asked, so a rank stuck
   outside any collective still leaves its file.
+* **Where a rank is.** :func:`dump_on_timeout` also watches its block (:func:`stack_watch` does only
+  that): a rank still inside it once the default group's timeout plus :data:`STACK_GRACE_S` have passed
+  writes every thread's Python stack to ``fr_stack_rank_<rank>.txt`` beside its dump, through
+  faulthandler's C watchdog (:mod:`nemo_rl_shim.stack_watchdog`), which needs no GIL: a rank stuck in a
+  C call that holds it, whose watcher thread cannot dump, still says where it is.
 * Each dump is torch's own format (the pickle ``_dump_fr_trace`` returns, as NCCL's watchdog
   writes it), with two keys added: ``rank`` and ``nemo_rl_shim`` (the world size, the reason,
   the dump time, and the map from process-group name, as it appears in the trace entries, to the
@@ -46,8 +51,9 @@ from typing import Any, ClassVar
 import torch
 import torch.distributed as dist
 
+from nemo_rl_shim import stack_watchdog
 from nemo_rl_shim.config import FlightRecorderSettings
-from nemo_rl_shim.groups import group_backends, named_groups
+from nemo_rl_shim.groups import backend_timeouts, group_backends, named_groups
 
 __all__ = [
     "DUMP_FILE_NAME",
@@ -55,6 +61,7 @@ __all__ = [
     "PEER_DUMP_WAIT_S",
     "PG_STATUS_KEY",
     "SIDECAR_NAME",
+    "STACK_GRACE_S",
     "TORCH_DEFAULT_PREFIX",
     "configure",
     "dump_now",
@@ -64,6 +71,7 @@ __all__ = [
     "is_enabled",
     "record_groups",
     "request_peer_dumps",
+    "stack_watch",
 ]
 
 #: Dump file name before the rank (torch's default is ``/tmp/nccl_trace_rank_``).
@@ -87,6 +95,10 @@ _ANSWER_KEY = "nemo_rl_shim/flight_recorder/dumped"
 _POLL_S = 0.5
 #: How long the rank that asked waits for every rank's watcher to answer.
 PEER_DUMP_WAIT_S = 5.0
+#: How long past the default group's timeout a rank stays in a watched block before it writes its stack: peers
+#: that waited in a collective since the block began time out at the timeout and leave before it. Short, since
+#: a launcher ends the remaining ranks within seconds of the first failure (see docs/flight-recorder.md).
+STACK_GRACE_S = 5.0
 
 
 class _State:
@@ -94,6 +106,7 @@ class _State:
     groups: ClassVar[dict[str, dict[str, Any]]] = {}
     generation = 0
     lock = threading.Lock()
+    stack_warned = False
 
 
 def is_enabled() -> bool:
@@ -188,6 +201,7 @@ def record_groups(context: Any) -> None:
         )
     path = dump_path(rank)
     path.unlink(missing_ok=True)  # a dump from an earlier run must not be read as this one's
+    stack_watchdog.forget(stack_watchdog.stack_path(path.parent, rank))  # nor a stack
     sidecar = path.parent / SIDECAR_NAME.format(rank=rank)
     facts = {"rank": rank, "world_size": world, "groups": _State.groups, "set_up_ns": time.time_ns()}
     _write_atomically(sidecar, json.dumps(facts, indent=1).encode())
@@ -351,10 +365,54 @@ def _watch(generation: int) -> None:
         time.sleep(_POLL_S)
 
 
+def _current_timeout_s() -> float:
+    """The default group's timeout in seconds (its longest backend's); torch's default where it cannot be read."""
+    try:
+        return max(t.total_seconds() for t in backend_timeouts(dist.group.WORLD).values())
+    except Exception:  # a backend without readable options: torch's own default for the group stands
+        return dist.default_pg_timeout.total_seconds()
+
+
+def _arm_stack(what: str, grace_s: float) -> int | None:
+    """Arm this rank's stack watch for a block (None while the recorder is off or no group exists)."""
+    if _State.settings is None or not dist.is_initialized():
+        return None
+    rank = dist.get_rank()
+    path = stack_watchdog.stack_path(dump_path(rank).parent, rank)
+    try:
+        return stack_watchdog.arm(path, rank, what, _current_timeout_s() + grace_s)
+    except OSError as e:  # a help to the report: it must never fail the step it watches
+        if not _State.stack_warned:
+            _State.stack_warned = True
+            warnings.warn(f"no stack watch: {path} cannot be written ({e})", RuntimeWarning, stacklevel=4)
+        return None
+
+
 @contextlib.contextmanager
-def dump_on_timeout(what: str) -> Iterator[None]:
+def stack_watch(what: str, *, grace_s: float = STACK_GRACE_S) -> Iterator[None]:
+    """This rank's Python stack, written without the GIL to ``fr_stack_rank_<rank>.txt`` beside its dump, once
+    the block has run longer than the default group's timeout plus ``grace_s``; leaving the block disarms it.
+
+    The part of :func:`dump_on_timeout` that says where a rank is, for code that wants it alone. Does nothing
+    while the recorder is off. See :mod:`nemo_rl_shim.stack_watchdog`.
+    """
+    token = _arm_stack(what, grace_s)
+    try:
+        yield
+    except BaseException:
+        stack_watchdog.disarm(token, failed=True)
+        raise
+    stack_watchdog.disarm(token, failed=False)
+
+
+@contextlib.contextmanager
+def dump_on_timeout(what: str, *, stack_grace_s: float = STACK_GRACE_S) -> Iterator[None]:
     """Around collectives: on a torch.distributed error (a timeout, a peer gone), dump this rank, ask the
     others to dump, and re-raise. ``what`` names the place in the dump's reason.
+
+    It also watches the block (:func:`stack_watch`): a rank still inside it after the default group's
+    timeout plus ``stack_grace_s`` writes its Python stack, without the GIL, to ``fr_stack_rank_<rank>.txt``
+    beside its dump, so that the report can say where a rank that never reached the collective is.
 
     Usage in a training loop::
 
@@ -364,12 +422,18 @@ def dump_on_timeout(what: str) -> Iterator[None]:
     Does nothing while the recorder is off. Under NCCL torch dumps on a timeout by itself; an existing
     dump of this rank is never overwritten here.
     """
+    token = _arm_stack(what, stack_grace_s)
     try:
         yield
     except RuntimeError as error:  # DistBackendError and Gloo's timeouts are RuntimeErrors
+        stack_watchdog.disarm(token, failed=True)  # first: the waits below must not count as time in the block
         if _State.settings is not None:
             lines = str(error).strip().splitlines()
             reason = f"{what}: {type(error).__name__}: {lines[0] if lines else ''}"[:500]
             dump_now(reason, overwrite=False)
             request_peer_dumps(reason)
         raise
+    except BaseException:
+        stack_watchdog.disarm(token, failed=True)
+        raise
+    stack_watchdog.disarm(token, failed=False)
