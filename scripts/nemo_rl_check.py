@@ -277,10 +277,14 @@ def python_of(env: Path) -> Path:
 
 
 def absent_from(env: Path, *modules: str) -> dict[str, bool]:
-    """Whether each module fails to import in ``env`` (this project must not be there)."""
+    """Whether each module fails to import in ``env`` (this project must not be there).
+
+    Run from ``env`` itself: ``python -c`` puts the working directory first on ``sys.path``, and
+    this project's checkout would lend its packages to a run started there.
+    """
     found = {}
     for module in modules:
-        rc, _, _ = run([str(python_of(env)), "-c", f"import {module}"], timeout=300, env=clean_env())
+        rc, _, _ = run([str(python_of(env)), "-c", f"import {module}"], timeout=300, env=clean_env(), cwd=env)
         found[module] = rc != 0
     return found
 
@@ -379,13 +383,19 @@ def driver_step(work: Path) -> tuple[dict[str, Any], list[str]]:
 # --- 4. NeMo RL's tests -----------------------------------------------------------------------------
 
 
-def junit_results(path: Path) -> dict[str, dict[str, str]]:
-    """Each test's outcome (passed/failed/error/skipped) and failure message, from pytest's junit XML."""
+def junit_results(path: Path, tree: Path | None = None) -> dict[str, dict[str, str]]:
+    """Each test's outcome (passed/failed/error/skipped) and failure message, from pytest's junit XML.
+
+    A test parametrized by a path names its tree; with ``tree`` given, that prefix is dropped, so the
+    same test has the same id on every tree.
+    """
     if not path.exists():
         return {}
     results = {}
     for case in ElementTree.parse(path).getroot().iter("testcase"):
         test_id = f"{case.get('classname')}::{case.get('name')}"
+        if tree is not None:
+            test_id = test_id.replace(f"{tree}/", "")
         outcome, message = "passed", ""
         for child in case:
             if child.tag in ("failure", "error", "skipped"):
@@ -398,14 +408,18 @@ def junit_results(path: Path) -> dict[str, dict[str, str]]:
 def pytest(work: Path, tree: str, label: str, selection: tuple[str, ...], timeout: float) -> dict[str, Any]:
     # Short and private: Ray's socket paths under it must stay within AF_UNIX's 107 bytes.
     raytmp = Path(tempfile.mkdtemp(prefix="nrlray"))
+    # RAY_ADDRESS=local: NeMo RL's init_ray() calls ray.init(address="auto"), which attaches to ANY Ray head
+    # it finds among this machine's processes (another session's, another job's) and keeps using it while it
+    # lives. "local" makes that call start a private head instead (no dashboard).
     junit = work / f"junit-{label}.xml"
     junit.unlink(missing_ok=True)
     env = clean_env(
-        RAY_TMPDIR=str(raytmp), PYTHONPATH=str(work / tree), HF_HOME=str(work / "hf"), PYTHONDONTWRITEBYTECODE="1"
+        RAY_ADDRESS="local",
+        RAY_TMPDIR=str(raytmp),
+        PYTHONPATH=str(work / tree),
+        HF_HOME=str(work / "hf"),
+        PYTHONDONTWRITEBYTECODE="1",
     )
-    # The Ray head's dashboard modules get 30 s to start; on a loaded 2-core machine they took longer
-    # and every test of the session errored at set-up. A bound on the machine, not on the tests.
-    env.setdefault("RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT", "300")
     cmd = [str(python_of(work / "env")), "-m", "pytest", *selection, "--maxfail=100000", "-q", "-p", "no:cacheprovider"]
     cmd += [f"--junitxml={junit}"]
     log(f"pytest {label}: {' '.join(selection)}")
@@ -418,7 +432,7 @@ def pytest(work: Path, tree: str, label: str, selection: tuple[str, ...], timeou
     summary = next(
         (line for line in reversed(out.splitlines()) if re.search(r"\d+ (passed|failed|error|deselected)", line)), ""
     )
-    tests = junit_results(junit)
+    tests = junit_results(junit, work / tree)
     counts: dict[str, int] = {}
     for result in tests.values():
         counts[result["outcome"]] = counts.get(result["outcome"], 0) + 1

@@ -202,3 +202,9 @@ def test_junit_results(tmp_path: Path) -> None:
         "a.T::test_skip": {"outcome": "skipped", "message": "Need 2 GPUs, got 0"},
     }
     assert check.junit_results(tmp_path / "missing.xml") == {}
+    # A path parameter names its tree; the ids agree across trees once it is dropped
+    xml.write_text(
+        f'<testsuites><testsuite><testcase classname="t" name="test_x[{tmp_path}/examples/a.yaml]" />'
+        "</testsuite></testsuites>"
+    )
+    assert list(check.junit_results(xml, tmp_path)) == ["t::test_x[examples/a.yaml]"]
