@@ -801,14 +801,29 @@ def bump_step(work: Path) -> tuple[dict[str, Any], list[str]]:
 # --- the summary as markdown (the PR description's tables) ----------------------------------------
 
 
+def _cell(value: Any) -> str:
+    return " ".join(str(value).split()).replace("|", "\\|")
+
+
 def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return lines + ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return lines + ["| " + " | ".join(_cell(cell) for cell in row) + " |" for row in rows]
 
 
 def render_markdown(summary: dict[str, Any]) -> str:
     """The figures of a run, as the tables the PR description quotes."""
     out: list[str] = []
+    driver = summary.get("driver", {})
+    if "patched" in driver and "unpatched" in driver:
+        rows = []
+        for kind in ("master_config", "policy"):
+            for label, outcomes in driver["patched"][kind].items():
+                cases = outcomes.items() if isinstance(outcomes, dict) else [("", outcomes)]
+                for value, outcome in cases:
+                    before = driver["unpatched"][kind][label]
+                    before = before[value] if isinstance(before, dict) else before
+                    rows.append([label, value, f"`{before[:60]}`", f"`{outcome.split(' [type=')[0][:170]}`"])
+        out += ["### The driver", "", *_table(["section", "value", "unpatched", "patched"], rows), ""]
     tests = summary.get("tests", {})
     if tests:
         rows = []
@@ -828,7 +843,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
         out += ["### The new tests", "", *_table(["test", "patched", "tests only", "fails there at"], rows), ""]
     for label, result in summary.get("ranks", {}).items():
         out += [f"### 4 ranks, {label} ({result['seconds']:g} s)", ""]
-        out += [f"Groups per rank: {result['groups per rank']}; replica group: {result['replica group']}; "]
+        out += [f"Groups per rank: {result['groups per rank']}; replica group: {result['replica group']};"]
         out += [f"`full_tensor()` ok on {result['full_tensor ok on']} of 4; errors: {result['errors'] or 'none'}", ""]
         rows = [
             [f"`{r['group']}`", " ".join(map(str, r["members"])), f"`{r['backend']}`",
@@ -859,9 +874,9 @@ def render_markdown(summary: dict[str, Any]) -> str:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rl-git", type=Path, required=True, help="NeMo RL's git directory or a checkout of it")
+    parser.add_argument("--rl-git", type=Path, help="NeMo RL's git directory or a checkout of it")
     parser.add_argument("--rev", default="7ea279abf", help="the NeMo RL commit the series is against")
-    parser.add_argument("--automodel-git", type=Path, required=True, help="Automodel's git directory")
+    parser.add_argument("--automodel-git", type=Path, help="Automodel's git directory")
     parser.add_argument("--automodel-rev", help="the Automodel commit (default: NeMo RL's submodule pin)")
     parser.add_argument(
         "--python",
@@ -878,6 +893,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--markdown", type=Path, help="write the figures as markdown tables here")
     parser.add_argument("--render", type=Path, help="only render --markdown from this summary JSON")
     args = parser.parse_args(argv)
+    if not args.render and not (args.rl_git and args.automodel_git):
+        parser.error("--rl-git and --automodel-git are required (unless --render)")
     if ROOT in args.work.resolve().parents or args.work.resolve() == ROOT:
         parser.error(f"--work must be outside this project, got {args.work}")
     unknown = set(args.steps.split(",")) - {"driver", "tests", "ranks", "save", "preflight", "bump", ""}
