@@ -16,6 +16,13 @@
    ``hang_report.build_report`` end to end as the command runs it (read 64 pickles, find the
    stall; torch's analyzer is skipped above 20,000 entries), median of 3; torch's analyzer on
    the same dumps is timed once on its own. Target: at most 2 s.
+3. **The stack watch per step.** In the "on" processes (recorder on, a real Gloo group), after the
+   collectives: :data:`BLOCKS` empty training steps ``with dump_on_timeout("train step"): pass``, each
+   arming faulthandler's C watchdog for the block and disarming it on the way out (header written, file
+   emptied), alternated with as many bare blocks (``contextlib.nullcontext()``), each timed on its own.
+   The cost per step is the median watched block minus the median bare one, per rank and round, and the
+   median of those; the stack file is checked to hold the header inside a block and nothing after.
+   Target: at most 1% of a 1 s step (10 ms).
 
 Run: ``uv run python benchmarks/flight_recorder_cost.py``; writes ``benchmarks/results/flight_recorder_cost.json``.
 """
@@ -44,6 +51,9 @@ ROUNDS = 7
 BUFFER = 2000
 TARGET_SLOWER = 0.05
 TARGET_ANALYSIS_S = 2.0
+BLOCKS = 2000
+STEP_S = 1.0
+TARGET_STEP_FRACTION = 0.01
 WORLD, TP = 64, 8
 BEHIND_RANK = 37
 SPAWN_TIMEOUT_S = 300.0
@@ -77,12 +87,40 @@ def rank_worker(params: dict[str, Any]) -> dict[str, Any]:
         dist.all_reduce(tensor)
         samples.append(time.perf_counter() - start)
     out: dict[str, Any] = {"rank": dist.get_rank(), "samples": samples, "env": os.environ.get("TORCH_FR_BUFFER_SIZE")}
+    if params["record"]:
+        out["blocks"] = _time_blocks()
     trace = pickle.loads(torch._C._distributed_c10d._dump_fr_trace())
     out["recorded_entries"] = len(trace["entries"])
     if params["record"] and dist.get_rank() == 0:
         Path(params["dump_dir"], "template.pkl").write_bytes(pickle.dumps(trace))
     dist.barrier()
     return out
+
+
+def _time_blocks() -> dict[str, Any]:
+    """:data:`BLOCKS` watched and as many bare empty blocks, alternated, each timed; the file checked."""
+    import contextlib
+
+    import torch.distributed as dist
+
+    from nemo_rl_shim import flight_recorder, stack_watchdog
+
+    path = stack_watchdog.stack_path(flight_recorder.dump_path(dist.get_rank()).parent, dist.get_rank())
+    with flight_recorder.dump_on_timeout("train step"):
+        header_inside = path.read_text().startswith(stack_watchdog.HEADER)
+    samples: dict[str, list[float]] = {"bare": [], "watched": []}
+    for index in range(2 * BLOCKS):
+        watched = index % 2 == (index // 2) % 2  # bare/watched, then watched/bare: neither always goes first
+        block = flight_recorder.dump_on_timeout("train step") if watched else contextlib.nullcontext()
+        start = time.perf_counter()
+        with block:
+            pass
+        samples["watched" if watched else "bare"].append(time.perf_counter() - start)
+    return {
+        "median_us": {k: median(v) * 1e6 for k, v in samples.items()},
+        "header_inside_a_block": header_inside,
+        "file_bytes_after": path.stat().st_size,
+    }
 
 
 # ----------------------------------------------------------------------------- driver side
@@ -92,6 +130,7 @@ def _per_collective(dump_dir: Path) -> dict[str, Any]:
     rounds: dict[str, list[float]] = {"off": [], "on": []}
     entries: dict[str, list[int]] = {"off": [], "on": []}
     lower_decile: dict[str, list[float]] = {"off": [], "on": []}
+    blocks: list[dict[str, Any]] = []
     for _ in range(ROUNDS):
         for mode in ("off", "on"):
             results, _ = run_ranks(
@@ -104,6 +143,7 @@ def _per_collective(dump_dir: Path) -> dict[str, Any]:
             rounds[mode].append(median(samples) * 1e6)
             lower_decile[mode].append(samples[len(samples) // 10] * 1e6)
             entries[mode] += [r["recorded_entries"] for r in results]
+            blocks += [r["blocks"] for r in results if "blocks" in r]
     off, on = median(rounds["off"]), median(rounds["on"])
     return {
         "collectives_per_rank": COLLECTIVES,
@@ -118,6 +158,27 @@ def _per_collective(dump_dir: Path) -> dict[str, Any]:
         "slower_fraction": round(on / off - 1, 4),
         "target_slower_fraction": TARGET_SLOWER,
         "meets_target": on / off - 1 <= TARGET_SLOWER,
+        "stack_watch": _stack_watch_cost(blocks),
+    }
+
+
+def _stack_watch_cost(blocks: list[dict[str, Any]]) -> dict[str, Any]:
+    """The stack watch's cost per step, from every "on" rank of every round (see the module docstring, 3)."""
+    per_run = [b["median_us"]["watched"] - b["median_us"]["bare"] for b in blocks]
+    cost_us = median(per_run)
+    return {
+        "blocks_per_rank": BLOCKS,
+        "rank_runs": len(blocks),
+        "median_bare_us": round(median(b["median_us"]["bare"] for b in blocks), 2),
+        "median_watched_us": round(median(b["median_us"]["watched"] for b in blocks), 2),
+        "cost_per_step_us": round(cost_us, 2),
+        "cost_per_step_us_per_rank_run": [round(c, 2) for c in per_run],
+        "fraction_of_step": round(cost_us / (STEP_S * 1e6), 6),
+        "step_s": STEP_S,
+        "target_fraction": TARGET_STEP_FRACTION,
+        "header_inside_every_block_checked": all(b["header_inside_a_block"] for b in blocks),
+        "file_empty_after_every_run": all(b["file_bytes_after"] == 0 for b in blocks),
+        "meets_target": cost_us / (STEP_S * 1e6) <= TARGET_STEP_FRACTION,
     }
 
 
@@ -211,6 +272,11 @@ def main() -> int:
         [[mode, cost["median_us"][mode], cost["round_medians_us"][mode]] for mode in ("off", "on")],
     )
     print(f"  on vs off: {cost['slower_fraction'] * 100:+.1f}% (target <= {TARGET_SLOWER * 100:.0f}%)")
+    watch = cost["stack_watch"]
+    print(
+        f"\nStack watch per step (arm + disarm): {watch['cost_per_step_us']} us = "
+        f"{watch['fraction_of_step'] * 100:.4f}% of a {STEP_S:.0f} s step (target <= {TARGET_STEP_FRACTION:.0%})"
+    )
     print(f"\nAnalysing {WORLD} dumps of {BUFFER} entries: {analysis['build_report_s']} s (target <= 2 s)")
     print(f"  first line: {analysis['line']}")
     path = write_results(
@@ -224,7 +290,8 @@ def main() -> int:
         },
     )
     print(f"\nwrote {path}")
-    return 0 if cost["meets_target"] and analysis["meets_target"] else 1
+    met = cost["meets_target"] and analysis["meets_target"] and cost["stack_watch"]["meets_target"]
+    return 0 if met else 1
 
 
 if __name__ == "__main__":

@@ -5,21 +5,31 @@ The dumps follow torch's NCCL schema (:mod:`tests.harness.nccl_format_dumps`: en
 Each rank ran 1,000 tp all_reduces and 1,000 dp reduce_scatters (input 1,024 x the dp size, output
 1,024, as torch's analyzer checks them), alternating; one rank
 (:func:`culprit`: 517) never entered its tp group's all_reduce #1001, which its 7 tp peers
-entered: their buffers wrapped by one entry. Expected first line: ``rank 517 did not enter all_reduce
-#1001 on tp, ranks 512-519 ...``.
+entered: their buffers wrapped by one entry. Beside each dump, a stack file
+(``fr_stack_rank_<rank>.txt``, :func:`generate_stacks`) as ``stack_watchdog`` writes it: the header, then
+two threads in faulthandler's text (the dump watcher, 5 frames; the main thread, 24 frames), every rank
+inside ``all_reduce`` but the culprit, which sleeps in its data loading. Expected first line: ``rank 517
+did not enter all_reduce #1001 on tp, ranks 512-519: at /job/nemo_rl/data/loader.py:57 in load_batch ...``.
 
 Measured, each in a fresh process (``/usr/bin/time``-free: ``resource.getrusage`` of the child):
 
 * ``hang_report.build_report`` end to end as the command runs it (torch's analyzer skipped at this
   size), wall time (median of :data:`REPEATS` runs up to 1,024 ranks), CPU seconds, and peak memory
   (max RSS of the process and of its largest reader, which shares the pages it was forked with);
-* the text report's longest line (readable at any size);
+* the text report's longest line (readable at any size); reading the stack files alone;
+* **the unpickling floor**: only ``pickle.load`` of every dump, the files split evenly over as many forked
+  readers as the command uses (:func:`loader._readers`), each ending without freeing, as the command's
+  readers do. Twice: plain ``pickle.load``, and an unpickler whose ``find_class`` refuses every global
+  (what a restricted reader costs; torch's dumps hold none). The report and both floors run in turn, each
+  in a fresh process, :data:`REPEATS` times; the ratio is of the medians of the wall times, and, less
+  sensitive to the shared machine's load, of the CPU seconds (the report's readers and its own work in
+  ``build_report``, against the floor's readers);
 * torch's own analyzer (``build_db``) on the same dumps, in its own process, bounded by
   :data:`TORCH_BOUND_S`.
 
-Targets: 1,024 ranks in at most 10 s and 2 GB; 8,192 ranks in at most 2 minutes. Generating the
-dumps is CPU-heavy: they are written once under ``--dumps`` (default ``/tmp/hang-report-scale``)
-and reused. The machine's load (it is shared) is recorded with the figures.
+Targets: 1,024 ranks in at most 10 s, 2 GB and 1.5x either unpickling floor; 8,192 ranks in at most
+2 minutes. Generating the dumps is CPU-heavy: they are written once under ``--dumps`` (default
+``/tmp/hang-report-scale``) and reused. The machine's load (it is shared) is recorded with the figures.
 
 Run: ``uv run python benchmarks/hang_report_scale.py [--ranks 1024 8192]``; writes
 ``benchmarks/results/hang_report_scale.json``.
@@ -29,6 +39,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import pickle
 import resource
 import subprocess
 import sys
@@ -41,18 +53,22 @@ if __package__ in (None, ""):  # run as a script: make ``benchmarks`` and ``test
 
 from benchmarks._common import ROOT, environment, print_table, write_results
 
-__all__ = ["generate", "main", "measure"]
+__all__ = ["generate", "generate_stacks", "main", "measure"]
 
 TP = 8
 ROUNDS = 1000
 TARGETS_S = {1024: 10.0, 8192: 120.0}
 TARGET_PEAK_MB = {1024: 2048}
+#: The report's wall time over the unpickling floor's, at most (1,024 ranks).
+TARGET_FLOOR_RATIO = {1024: 1.5}
+HEADINGS = ["ranks", "dumps", "report s", "floor s", "restricted floor s", "ratio", "peak MB", "longest line"]
+HEADINGS += ["torch s", "torch MB", "target met"]
 #: torch's analyzer is stopped here: on 64 ranks it already takes tens of seconds.
 TORCH_BOUND_S = 300
 TORCH_UP_TO_RANKS = 1024
 MEASURE_BOUND_S = 900
 #: Runs of the report per size up to 1,024 ranks (the median stands): the machine is shared, its load varies.
-REPEATS = 3
+REPEATS = 5
 
 
 def culprit(world: int) -> int:
@@ -94,17 +110,115 @@ def generate(directory: Path, world: int) -> dict[str, Any]:
     return facts
 
 
+_TORCH = "/opt/venv/lib/python3.12/site-packages/torch"
+_STDLIB = "/usr/lib/python3.12"
+#: The main thread of a training rank waiting in a tp all_reduce: torch's frames, then the user's, then the start.
+_WAITING = [
+    (f"{_TORCH}/distributed/distributed_c10d.py", 2868, "all_reduce"),
+    (f"{_TORCH}/distributed/c10d_logger.py", 83, "wrapper"),
+    (f"{_TORCH}/distributed/tensor/_redistribute.py", 212, "redistribute_local_tensor"),
+    ("/job/nemo_rl/models/policy/dtensor_policy_worker.py", 640, "train"),
+    *[(f"/job/nemo_rl/models/layers_{depth}.py", 100 + depth, "forward") for depth in range(12)],
+    ("/job/nemo_rl/algorithms/grpo.py", 1210, "grpo_train"),
+    ("/job/examples/run_grpo_math.py", 271, "main"),
+    ("/job/examples/run_grpo_math.py", 281, "<module>"),
+    (f"{_STDLIB}/runpy.py", 88, "_run_code"),
+    (f"{_STDLIB}/runpy.py", 198, "_run_module_as_main"),
+]
+_STALLED = [("/job/nemo_rl/data/loader.py", 57, "load_batch"), *_WAITING[3:]]
+_WATCHER = [
+    ("/opt/venv/lib/python3.12/site-packages/nemo_rl_shim/flight_recorder.py", 311, "_watch"),
+    (f"{_STDLIB}/threading.py", 1012, "run"),
+    (f"{_STDLIB}/threading.py", 1075, "_bootstrap_inner"),
+    (f"{_STDLIB}/threading.py", 1032, "_bootstrap"),
+    (f"{_STDLIB}/threading.py", 1012, "run"),
+]
+
+
+def _thread_text(ident: int, frames: list[tuple[str, int, str]]) -> str:
+    lines = [f"Thread 0x{ident:016x} (most recent call first):"]
+    lines += [f'  File "{file}", line {line} in {function}' for file, line, function in frames]
+    return "\n".join(lines) + "\n\n"
+
+
+def generate_stacks(directory: Path, world: int) -> dict[str, Any]:
+    """A stack file per rank beside its dump (skipped when written already); returns their size."""
+    from nemo_rl_shim.stack_watchdog import HEADER, stack_path
+
+    done = directory / "stacks.json"
+    if done.exists():
+        return json.loads(done.read_text())
+    main, watcher = 0x7F3A2B1C0740, 0x7F3A1A1FF6C0
+    for rank in range(world):
+        header = {"format": 1, "rank": rank, "pid": 10_000 + rank, "thread": f"0x{main:016x}",
+                  "what": "train step", "entered_ns": 1_796_000_000_000_000_000, "after_s": 605.0}  # fmt: skip
+        frames = _STALLED if rank == culprit(world) else _WAITING
+        text = HEADER + json.dumps(header) + "\nTimeout (0:10:05)!\n" + _thread_text(watcher, _WATCHER)
+        stack_path(directory, rank).write_text(text + _thread_text(main, frames))
+    facts = {"stack_files": world, "bytes": sum(p.stat().st_size for p in directory.glob("fr_stack_rank_*"))}
+    done.write_text(json.dumps(facts))
+    return facts
+
+
+class _NoGlobals(pickle.Unpickler):
+    """A restricted unpickler: builds the plain types, refuses every global (torch's dumps need none)."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"global {module}.{name} refused")
+
+
+def _unpickle_share(paths: list[Path], restricted: bool) -> None:
+    kept = []
+    for path in paths:
+        with open(path, "rb") as handle:
+            kept.append(_NoGlobals(handle).load() if restricted else pickle.load(handle))
+    os._exit(0)  # as the command's readers: end without freeing
+
+
+def _child_floor(directory: str, mode: str) -> None:
+    """In a fresh process: the unpickling floor (see the module docstring); prints JSON facts."""
+    import gc
+
+    from nemo_rl_shim.cli.hang_report import loader
+
+    paths = [path for _, path in sorted(loader.find_dumps(directory)[0].items())]
+    readers = loader._readers(len(paths))
+    gc.disable()  # as the command's readers do
+    start = time.perf_counter()
+    children = []
+    for share in (paths[i::readers] for i in range(readers)):
+        pid = os.fork()
+        if pid == 0:
+            _unpickle_share(share, mode == "restricted")
+        children.append(pid)
+    codes = [os.waitpid(pid, 0)[1] for pid in children]
+    wall = time.perf_counter() - start
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    print(json.dumps({
+        "mode": mode, "wall_s": round(wall, 2), "readers": readers, "files": len(paths), "exit_codes": codes,
+        "reader_cpu_s": round(usage.ru_utime + usage.ru_stime, 2), "peak_reader_mb": round(usage.ru_maxrss / 1024, 1),
+    }))  # fmt: skip
+
+
 def _child_report(directory: str) -> None:
     """In a fresh process: the command's own reading and analysis; prints JSON facts."""
     from nemo_rl_shim.cli import hang_report
     from nemo_rl_shim.cli.hang_report import loader
 
     loader_readers = loader._readers(len(loader.find_dumps(directory)[0]))
+    before = resource.getrusage(resource.RUSAGE_SELF)
     start = time.perf_counter()
     report = hang_report.build_report(directory, with_torch=False)
     wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    work_cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
     text = hang_report.render(report)
     json_text = json.dumps(report.to_json(), default=str)
+    from nemo_rl_shim.cli.hang_report.stacks import load_stacks
+
+    start_stacks = time.perf_counter()
+    stack_files = len(load_stacks(directory))
+    stacks_s = time.perf_counter() - start_stacks
     own, readers = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     peak_self, peak_children = own.ru_maxrss / 1024, readers.ru_maxrss / 1024
     print(
@@ -117,6 +231,7 @@ def _child_report(directory: str) -> None:
                 # be on idle cores, divided among them; the wall time here is under other engineers' load
                 "reader_cpu_s": round(readers.ru_utime + readers.ru_stime, 2),
                 "own_cpu_s": round(own.ru_utime + own.ru_stime, 2),
+                "own_report_cpu_s": round(work_cpu, 2),  # this process's CPU in build_report (no imports)
                 "readers": loader_readers,
                 "line": report.line,
                 "exit_code": report.exit_code,
@@ -124,6 +239,8 @@ def _child_report(directory: str) -> None:
                 "longest_text_line": max(len(line) for line in text.splitlines()),
                 "text_head": text.splitlines()[:12],
                 "json_bytes": len(json_text),
+                "stack_files": stack_files,
+                "read_stacks_alone_s": round(stacks_s, 3),
             }
         )
     )
@@ -159,8 +276,8 @@ def _child_torch(directory: str) -> None:
     print(json.dumps(outcome, default=str))
 
 
-def _run_child(kind: str, directory: Path, bound_s: float) -> dict[str, Any]:
-    command = [sys.executable, __file__, f"--child-{kind}", str(directory)]
+def _run_child(kind: str, directory: Path, bound_s: float, *extra: str) -> dict[str, Any]:
+    command = [sys.executable, __file__, f"--child-{kind}", str(directory), *extra]
     start = time.perf_counter()
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=bound_s, cwd=ROOT, check=False)
@@ -177,15 +294,22 @@ def _run_child(kind: str, directory: Path, bound_s: float) -> dict[str, Any]:
 def measure(world: int, base: Path, with_torch: bool) -> dict[str, Any]:
     """Generate (once) and measure ``world`` ranks."""
     directory = base / f"ranks{world}"
-    facts: dict[str, Any] = {"dumps": generate(directory, world), "load_before": list(__import__("os").getloadavg())}
-    runs = [_run_child("report", directory, MEASURE_BOUND_S) for _ in range(REPEATS if world <= 1024 else 1)]
+    facts: dict[str, Any] = {"dumps": generate(directory, world), "stacks": generate_stacks(directory, world)}
+    facts["load_before"] = list(os.getloadavg())
+    runs: list[dict[str, Any]] = []
+    floors: dict[str, list[dict[str, Any]]] = {"plain": [], "restricted": []}
+    for _ in range(REPEATS if world <= 1024 else 1):  # in turn, so that the machine's load falls on each alike
+        floors["plain"].append(_run_child("floor", directory, MEASURE_BOUND_S, "plain"))
+        runs.append(_run_child("report", directory, MEASURE_BOUND_S))
+        floors["restricted"].append(_run_child("floor", directory, MEASURE_BOUND_S, "restricted"))
     walls = [run.get("wall_s") for run in runs]
     # the median run (by wall time) stands for the size; every run's wall time and load are kept
     facts["hang_report"] = sorted(runs, key=lambda run: run.get("wall_s") or float("inf"))[len(runs) // 2]
     facts["hang_report_walls_s"] = walls
+    facts["floor"] = _floor_facts(floors, runs, TARGET_FLOOR_RATIO.get(world))
     if with_torch:
         facts["torch_analyzer"] = _run_child("torch", directory, TORCH_BOUND_S)
-    facts["load_after"] = list(__import__("os").getloadavg())
+    facts["load_after"] = list(os.getloadavg())
     report = facts["hang_report"]
     facts["target_s"] = TARGETS_S.get(world)
     facts["target_peak_mb"] = TARGET_PEAK_MB.get(world)
@@ -194,8 +318,38 @@ def measure(world: int, base: Path, with_torch: bool) -> dict[str, Any]:
         and report["wall_s"] <= TARGETS_S.get(world, float("inf"))
         and max(report.get("peak_mb", 0), report.get("peak_reader_mb", 0)) <= TARGET_PEAK_MB.get(world, float("inf"))
         and str(report.get("line", "")).startswith(f"rank {culprit(world)} did not enter all_reduce #{ROUNDS + 1} on")
+        and "at /job/nemo_rl/data/loader.py:57 in load_batch" in str(report.get("line", ""))
+        and facts["floor"]["meets_target"]
     )
     return facts
+
+
+def _floor_facts(
+    floors: dict[str, list[dict[str, Any]]], runs: list[dict[str, Any]], target: float | None
+) -> dict[str, Any]:
+    """Each floor's wall times, their medians, and the report's median over each (wall and CPU)."""
+    from statistics import median
+
+    walls = [run.get("wall_s") for run in runs]
+    report_cpu = [round(run["reader_cpu_s"] + run["own_report_cpu_s"], 2) for run in runs if "own_report_cpu_s" in run]
+    out: dict[str, Any] = {"target_ratio": target, "report_cpu_s": report_cpu}
+    report_s = median(w for w in walls if w is not None) if any(w is not None for w in walls) else None
+    for mode, runs in floors.items():
+        times = [run.get("wall_s") for run in runs]
+        floor_s = median(t for t in times if t is not None) if any(t is not None for t in times) else None
+        out[mode] = {
+            "walls_s": times,
+            "median_s": floor_s,
+            "reader_cpu_s": [run.get("reader_cpu_s") for run in runs],
+            "errors": [run["error"] for run in runs if "error" in run],
+        }
+        out[f"report_over_{mode}"] = round(report_s / floor_s, 3) if report_s and floor_s else None
+        floor_cpu = [c for c in out[mode]["reader_cpu_s"] if c is not None]
+        if floor_cpu and report_cpu:
+            out[f"report_cpu_over_{mode}_cpu"] = round(median(report_cpu) / median(floor_cpu), 3)
+    ratios = [out["report_over_plain"], out["report_over_restricted"]]
+    out["meets_target"] = target is None or all(r is not None and r <= target for r in ratios)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -205,7 +359,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-torch", action="store_true", help="skip torch's analyzer (it is the slow part)")
     parser.add_argument("--child-report")
     parser.add_argument("--child-torch")
+    parser.add_argument("--child-floor", nargs=2, metavar=("DIR", "MODE"))
     args = parser.parse_args(argv)
+    if args.child_floor:
+        _child_floor(*args.child_floor)
+        return 0
     if args.child_report:
         _child_report(args.child_report)
         return 0
@@ -218,8 +376,10 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for world, facts in results.items():
         report, torch_facts = facts["hang_report"], facts.get("torch_analyzer", {})
+        floor = facts["floor"]
         rows.append([
             world, f"{facts['dumps']['bytes'] / 1e6:.0f} MB", report.get("wall_s"),
+            floor["plain"]["median_s"], floor["restricted"]["median_s"], floor["report_over_restricted"],
             max(report.get("peak_mb", 0), report.get("peak_reader_mb", 0)), report.get("longest_text_line"),
             torch_facts.get("wall_s", "-"), torch_facts.get("peak_mb", "-"), facts["meets_target"],
         ])  # fmt: skip
@@ -227,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
         print("  torch's analyzer:", json.dumps({k: v for k, v in torch_facts.items() if k != "flagged"}))
     print_table(
         "hang-report on NCCL-format dumps (2,000 entries per rank)",
-        ["ranks", "dumps", "report s", "peak MB", "longest line", "torch s", "torch MB", "target met"],
+        HEADINGS,
         rows,
     )
     path = write_results(

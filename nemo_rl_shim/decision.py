@@ -37,8 +37,10 @@ from nemo_rl_shim.process_group import backend_for
 __all__ = ["TIMEOUT_SETTABLE_BACKENDS", "Action", "Decision", "WorkaroundState", "decide"]
 
 #: Backends whose timeout torch can change after the group exists (``_set_pg_timeout`` on 2.9-2.14
-#: reaches only these; 2.15's ``set_timeout`` warns and leaves any other, such as MPI or UCC).
-TIMEOUT_SETTABLE_BACKENDS = frozenset({"nccl", "gloo"})
+#: reaches only NCCL and Gloo; 2.15's ``set_timeout`` also reaches its two NCCL backends by their own
+#: names, ``"nccl-legacy"`` and ``"nccl2"`` (plain ``"nccl"`` is ``ProcessGroupNCCL2`` there), and warns
+#: and leaves any other, such as MPI or UCC).
+TIMEOUT_SETTABLE_BACKENDS = frozenset({"nccl", "nccl-legacy", "nccl2", "gloo"})
 
 
 class Action(enum.StrEnum):

@@ -12,13 +12,20 @@ that did not join.
   ``TORCH_FR_DUMP_ON_TIMEOUT``). A variable of a pair that the user set keeps the pair as it is.
   Off (the default) sets nothing: torch's own default stands (torch 2.11 and later record 2,000
   entries per rank anyway, Gloo's included; torch 2.9 and 2.10 record nothing), and nothing dumps.
-* Under NCCL, torch's watchdog writes the dump itself on a timeout, to the same file name.
+* Under NCCL, torch writes the dump itself on a timeout, to the same file name: stock NCCL's watchdog, or in
+  torch 2.15 (plain ``"nccl"`` is ``ProcessGroupNCCL2``) the ``FlightRecorderHook`` torch attaches to each group,
+  when the backend aborts. :func:`dump_now` writes every recorder of the rank (see its docstring).
 * Under Gloo torch writes nothing. The shim dumps where it runs collectives (the barrier
   before changing timeouts in :mod:`nemo_rl_shim.timeouts`; preflight's checks) through
   :func:`dump_on_timeout`, which a training loop can use the same way. The rank that caught the
   error also asks its peers, through the default group's store, to dump too: each rank runs a
   small watcher thread (:func:`record_groups` starts it) that dumps when asked, so a rank stuck
   outside any collective still leaves its file.
+* **Where a rank is.** :func:`dump_on_timeout` also watches its block (:func:`stack_watch` does only
+  that): a rank still inside it once the default group's timeout plus :data:`STACK_GRACE_S` have passed
+  writes every thread's Python stack to ``fr_stack_rank_<rank>.txt`` beside its dump, through
+  faulthandler's C watchdog (:mod:`nemo_rl_shim.stack_watchdog`), which needs no GIL: a rank stuck in a
+  C call that holds it, whose watcher thread cannot dump, still says where it is.
 * Each dump is torch's own format (the pickle ``_dump_fr_trace`` returns, as NCCL's watchdog
   writes it), with two keys added: ``rank`` and ``nemo_rl_shim`` (the world size, the reason,
   the dump time, and the map from process-group name, as it appears in the trace entries, to the
@@ -44,14 +51,17 @@ from typing import Any, ClassVar
 import torch
 import torch.distributed as dist
 
+from nemo_rl_shim import stack_watchdog
 from nemo_rl_shim.config import FlightRecorderSettings
-from nemo_rl_shim.groups import group_backends, named_groups
+from nemo_rl_shim.groups import backend_timeouts, group_backends, named_groups
 
 __all__ = [
     "DUMP_FILE_NAME",
     "ENV_PAIRS",
     "PEER_DUMP_WAIT_S",
+    "PG_STATUS_KEY",
     "SIDECAR_NAME",
+    "STACK_GRACE_S",
     "TORCH_DEFAULT_PREFIX",
     "configure",
     "dump_now",
@@ -61,6 +71,7 @@ __all__ = [
     "is_enabled",
     "record_groups",
     "request_peer_dumps",
+    "stack_watch",
 ]
 
 #: Dump file name before the rank (torch's default is ``/tmp/nccl_trace_rank_``).
@@ -73,6 +84,9 @@ ENV_PAIRS: dict[str, tuple[str, ...]] = {
     "dump_file": ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"),
     "dump_on_timeout": ("TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_FR_DUMP_ON_TIMEOUT"),
 }
+#: Where :func:`dump_now` joins several recorders, their ``pg_status`` (keyed by ``pg_id``, which each recorder
+#: counts from 0 by itself) is keyed by recorder and ``pg_id`` instead.
+PG_STATUS_KEY = "{backend}/{pg_id}"
 #: torch's own dump-file prefix, where neither dump-file variable is set (its NCCL watchdog writes ``<prefix><rank>``).
 TORCH_DEFAULT_PREFIX = "/tmp/nccl_trace_rank_"
 #: The default store key through which the first rank to time out asks every rank to dump.
@@ -81,6 +95,10 @@ _ANSWER_KEY = "nemo_rl_shim/flight_recorder/dumped"
 _POLL_S = 0.5
 #: How long the rank that asked waits for every rank's watcher to answer.
 PEER_DUMP_WAIT_S = 5.0
+#: How long past the default group's timeout a rank stays in a watched block before it writes its stack: peers
+#: that waited in a collective since the block began time out at the timeout and leave before it. Short, since
+#: a launcher ends the remaining ranks within seconds of the first failure (see docs/flight-recorder.md).
+STACK_GRACE_S = 5.0
 
 
 class _State:
@@ -88,6 +106,7 @@ class _State:
     groups: ClassVar[dict[str, dict[str, Any]]] = {}
     generation = 0
     lock = threading.Lock()
+    stack_warned = False
 
 
 def is_enabled() -> bool:
@@ -98,7 +117,21 @@ def is_enabled() -> bool:
 def configure(settings: FlightRecorderSettings, environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
     """Set torch's recorder variables for ``settings`` where the user set neither name; return what was set.
 
-    Call before the first process group exists: torch reads the buffer size when it makes the recorder.
+    Call before the first process group exists: torch reads the buffer size when it makes a recorder. Who reads
+    what (torch 2.15's sources):
+
+    * the buffer size, every recorder when it is made (``FlightRecorder``'s constructor: ``TORCH_FR_BUFFER_SIZE``,
+      then ``TORCH_NCCL_TRACE_BUFFER_SIZE``): Gloo's at its first group, stock NCCL's at its first, and each hooked
+      backend's (``nccl2``) when torch attaches the hook to a group, which it does only where the size is above 0
+      (``_maybe_attach_flight_recorder``);
+    * the dump on a timeout: stock NCCL reads ``TORCH_NCCL_DUMP_ON_TIMEOUT``; the hook ``TORCH_FR_DUMP_ON_TIMEOUT``,
+      then ``TORCH_NCCL_DUMP_ON_TIMEOUT``, and dumps by default (it is on even where this function is not called);
+    * the file, one writer per process for both (``DebugInfoWriter``): ``TORCH_FR_DUMP_TEMP_FILE``, then
+      ``TORCH_NCCL_DEBUG_INFO_TEMP_FILE``, ``<prefix><rank>``.
+
+    So the three names set here (the first of each pair) reach stock NCCL, NCCL2 and Gloo alike. Where the user
+    set ``TORCH_FR_DUMP_ON_TIMEOUT`` alone, its value is copied to ``TORCH_NCCL_DUMP_ON_TIMEOUT``, the only name
+    stock NCCL reads: both backends then do what the user chose.
     """
     env = os.environ if environ is None else environ
     wanted = {
@@ -110,6 +143,9 @@ def configure(settings: FlightRecorderSettings, environ: MutableMapping[str, str
     for what, names in ENV_PAIRS.items():
         if not any(name in env for name in names):
             env[names[0]] = applied[names[0]] = wanted[what]
+    nccl_name, fr_name = ENV_PAIRS["dump_on_timeout"]
+    if fr_name in env and nccl_name not in env:  # the user's choice, under the one name stock NCCL reads
+        env[nccl_name] = applied[nccl_name] = env[fr_name]
     _State.settings = settings
     return applied
 
@@ -165,6 +201,7 @@ def record_groups(context: Any) -> None:
         )
     path = dump_path(rank)
     path.unlink(missing_ok=True)  # a dump from an earlier run must not be read as this one's
+    stack_watchdog.forget(stack_watchdog.stack_path(path.parent, rank))  # nor a stack
     sidecar = path.parent / SIDECAR_NAME.format(rank=rank)
     facts = {"rank": rank, "world_size": world, "groups": _State.groups, "set_up_ns": time.time_ns()}
     _write_atomically(sidecar, json.dumps(facts, indent=1).encode())
@@ -179,19 +216,72 @@ def _write_atomically(path: Path, data: bytes) -> None:
     os.replace(partial, path)
 
 
-def _trace() -> dict[str, Any]:
-    """This rank's recorder as torch dumps it; the NCCL recorder's entries joined in where there is one."""
+#: Backends that record into a Flight Recorder of their own, which :func:`_recorders` reads by its own call: Gloo
+#: (the default recorder) and stock NCCL (``"nccl"`` before torch 2.15, ``"nccl-legacy"`` in 2.15). Every other
+#: backend (torch 2.15's plain ``"nccl"``, whose backend is named ``nccl2``) is recorded by torch's
+#: ``FlightRecorderHook`` into a recorder named after the backend.
+_NATIVELY_RECORDED = frozenset({"gloo", "nccl"})
+
+
+def _hooked_backends() -> list[str]:
+    """The recorders torch 2.15's ``FlightRecorderHook`` fills in this process: one per backend of this process's
+    groups that does not record natively, named as the hook names it (the backend's name, ``:`` made ``_``)."""
+    names = set()
+    for group in list(dist.distributed_c10d._world.pg_map):
+        with contextlib.suppress(Exception):  # a group torch is tearing down
+            names |= set(group_backends(group).values())
+    return sorted(name.replace(":", "_") for name in names - _NATIVELY_RECORDED)
+
+
+def _recorders() -> list[tuple[str, dict[str, Any]]]:
+    """Each of this rank's recorders as torch dumps it: ``[(its name, its dump)]``, the default (Gloo's) first."""
     c10d = torch._C._distributed_c10d
-    trace = pickle.loads(c10d._dump_fr_trace())
+    found = [("gloo", pickle.loads(c10d._dump_fr_trace()))]
     if torch.cuda.is_available() and hasattr(c10d, "_dump_nccl_trace"):
         with contextlib.suppress(Exception):  # no NCCL group, or a build without NCCL
-            nccl = pickle.loads(c10d._dump_nccl_trace())
-            trace["entries"] = sorted(
-                [*trace.get("entries", []), *nccl.get("entries", [])], key=lambda e: e.get("time_created_ns", 0)
-            )
-            trace["pg_config"] = {**trace.get("pg_config", {}), **nccl.get("pg_config", {})}
-            trace["pg_status"] = {**trace.get("pg_status", {}), **nccl.get("pg_status", {})}
-    return trace
+            found.append(("nccl", pickle.loads(c10d._dump_nccl_trace())))
+    for name in _hooked_backends():
+        try:  # torch 2.15: one recorder per hooked backend (_dump_fr_trace(backend=)); before, no such recorder
+            found.append((name, pickle.loads(c10d._dump_fr_trace(backend=name))))
+        except TypeError:
+            break
+    return found
+
+
+def _join(recorders: list[tuple[str, dict[str, Any]]]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """One dump in torch's format from several recorders, and each one's facts (None where one alone holds entries:
+    then the dump is that recorder's, as torch would have written it, its ``pg_config`` joined with the others').
+
+    Each recorder numbers its entries (``record_id``), its groups' ops and its ``pg_id`` s by itself: the entries are
+    joined in time order (each keeps its ``profiling_name``, ``<recorder>:<op>``, so the reader tells them apart),
+    ``pg_status`` is keyed by :data:`PG_STATUS_KEY`, and each recorder's buffer facts (its oldest entry's
+    ``record_id`` and time) are returned, since the joined entries no longer show where each buffer starts.
+    """
+    holding = [(name, trace) for name, trace in recorders if trace.get("entries")]
+    config: dict[str, Any] = {}
+    for _, trace in recorders:
+        config.update(trace.get("pg_config") or {})
+    if len(holding) <= 1:
+        trace = dict((holding or recorders)[0][1])
+        return {**trace, "pg_config": config}, None
+    trace = dict(holding[0][1])
+    entries = [entry for _, t in holding for entry in t["entries"]]
+    trace["entries"] = sorted(entries, key=lambda e: e.get("time_created_ns") or 0)
+    trace["pg_config"] = config
+    trace["pg_status"] = {
+        PG_STATUS_KEY.format(backend=name, pg_id=pg_id): status
+        for name, t in holding
+        for pg_id, status in (t.get("pg_status") or {}).items()
+    }
+    facts = {
+        name: {
+            "first_record_id": t["entries"][0].get("record_id", 0),
+            "oldest_ns": t["entries"][0].get("time_created_ns"),
+            "entries": len(t["entries"]),
+        }
+        for name, t in holding
+    }
+    return trace, facts
 
 
 def _repair_pg_config(trace: dict[str, Any], groups: Mapping[str, Mapping[str, Any]]) -> None:
@@ -206,6 +296,9 @@ def _repair_pg_config(trace: dict[str, Any], groups: Mapping[str, Mapping[str, A
 def dump_now(reason: str, *, overwrite: bool = True) -> Path | None:
     """Write this rank's dump now (torch's pickle, plus ``rank`` and ``nemo_rl_shim``); return its path.
 
+    Every recorder of this rank goes in: Gloo's, stock NCCL's (``nccl-legacy`` in torch 2.15), and in torch 2.15
+    each hooked backend's (``nccl2``, plain ``"nccl"``'s backend), joined by :func:`_join`.
+
     None when the recorder is off, or when ``overwrite`` is false and the file exists (torch's own
     NCCL dump, or an earlier timeout's: the first one is the telling one).
     """
@@ -215,7 +308,7 @@ def dump_now(reason: str, *, overwrite: bool = True) -> Path | None:
     path = dump_path(rank)
     if not overwrite and path.exists():
         return None
-    trace = _trace()
+    trace, recorders = _join(_recorders())
     as_torch_wrote_it = trace.get("pg_config")
     _repair_pg_config(trace, _State.groups)
     trace["rank"] = rank
@@ -228,6 +321,8 @@ def dump_now(reason: str, *, overwrite: bool = True) -> Path | None:
         "writer": "nemo_rl_shim",
         "torch_pg_config": as_torch_wrote_it,  # before the repair, for comparing torch's analyzer on both
     }
+    if recorders:
+        trace["nemo_rl_shim"]["recorders"] = recorders
     _write_atomically(path, pickle.dumps(trace))
     return path
 
@@ -270,10 +365,54 @@ def _watch(generation: int) -> None:
         time.sleep(_POLL_S)
 
 
+def _current_timeout_s() -> float:
+    """The default group's timeout in seconds (its longest backend's); torch's default where it cannot be read."""
+    try:
+        return max(t.total_seconds() for t in backend_timeouts(dist.group.WORLD).values())
+    except Exception:  # a backend without readable options: torch's own default for the group stands
+        return dist.default_pg_timeout.total_seconds()
+
+
+def _arm_stack(what: str, grace_s: float) -> int | None:
+    """Arm this rank's stack watch for a block (None while the recorder is off or no group exists)."""
+    if _State.settings is None or not dist.is_initialized():
+        return None
+    rank = dist.get_rank()
+    path = stack_watchdog.stack_path(dump_path(rank).parent, rank)
+    try:
+        return stack_watchdog.arm(path, rank, what, _current_timeout_s() + grace_s)
+    except OSError as e:  # a help to the report: it must never fail the step it watches
+        if not _State.stack_warned:
+            _State.stack_warned = True
+            warnings.warn(f"no stack watch: {path} cannot be written ({e})", RuntimeWarning, stacklevel=4)
+        return None
+
+
 @contextlib.contextmanager
-def dump_on_timeout(what: str) -> Iterator[None]:
+def stack_watch(what: str, *, grace_s: float = STACK_GRACE_S) -> Iterator[None]:
+    """This rank's Python stack, written without the GIL to ``fr_stack_rank_<rank>.txt`` beside its dump, once
+    the block has run longer than the default group's timeout plus ``grace_s``; leaving the block disarms it.
+
+    The part of :func:`dump_on_timeout` that says where a rank is, for code that wants it alone. Does nothing
+    while the recorder is off. See :mod:`nemo_rl_shim.stack_watchdog`.
+    """
+    token = _arm_stack(what, grace_s)
+    try:
+        yield
+    except BaseException:
+        stack_watchdog.disarm(token, failed=True)
+        raise
+    stack_watchdog.disarm(token, failed=False)
+
+
+@contextlib.contextmanager
+def dump_on_timeout(what: str, *, stack_grace_s: float = STACK_GRACE_S) -> Iterator[None]:
     """Around collectives: on a torch.distributed error (a timeout, a peer gone), dump this rank, ask the
     others to dump, and re-raise. ``what`` names the place in the dump's reason.
+
+    It also watches the block (:func:`stack_watch`): a rank still inside it after the default group's
+    timeout plus ``stack_grace_s`` writes its Python stack, without the GIL, to ``fr_stack_rank_<rank>.txt``
+    beside its dump, so that the report can say where a rank that never reached the collective is.
 
     Usage in a training loop::
 
@@ -283,12 +422,18 @@ def dump_on_timeout(what: str) -> Iterator[None]:
     Does nothing while the recorder is off. Under NCCL torch dumps on a timeout by itself; an existing
     dump of this rank is never overwritten here.
     """
+    token = _arm_stack(what, stack_grace_s)
     try:
         yield
     except RuntimeError as error:  # DistBackendError and Gloo's timeouts are RuntimeErrors
+        stack_watchdog.disarm(token, failed=True)  # first: the waits below must not count as time in the block
         if _State.settings is not None:
             lines = str(error).strip().splitlines()
             reason = f"{what}: {type(error).__name__}: {lines[0] if lines else ''}"[:500]
             dump_now(reason, overwrite=False)
             request_peer_dumps(reason)
         raise
+    except BaseException:
+        stack_watchdog.disarm(token, failed=True)
+        raise
+    stack_watchdog.disarm(token, failed=False)

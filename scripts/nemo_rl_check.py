@@ -1,28 +1,35 @@
-"""Check the NeMo RL pull request (``nemo_rl_shim/upstream/``) inside NeMo RL itself, on this CPU machine.
+"""Check the NeMo RL pull request (``nemo_rl_shim/upstream/``) as NeMo RL's CI would see it, on this CPU machine.
 
-Builds NeMo RL's test environment outside this project: a CPython 3.13 venv with the packages of
-NeMo RL's ``uv.lock`` that its tests import (versions read from that lock), the Automodel commit
-NeMo RL pins as its submodule (installed with ``--no-deps``), NeMo RL's source on ``PYTHONPATH``
-(NeMo RL cannot be pip-installed here: its git-URL dependencies are out of reach), and this
-project, installed from its own checkout root. NeMo RL and Automodel are fetched (git bare
-directories or a NeMo RL checkout), never committed. Then, each step bounded in time:
+The judged environment is NeMo RL's own: a CPython 3.13 venv with the packages of NeMo RL's
+``uv.lock`` that its tests import (versions read from that lock), the Automodel commit NeMo RL
+pins as its submodule (installed with ``--no-deps``), and NeMo RL's source on ``PYTHONPATH``
+(NeMo RL cannot be pip-installed here: its git-URL dependencies are out of reach). This project
+is NOT installed there, and the check proves it (``import nemo_rl_shim`` must fail). The venv is
+built once under ``--work`` and reused while its packages match. NeMo RL and Automodel come from
+git directories, never committed here. Each step is bounded in time:
 
-1. ``tests``: NeMo RL's own tests on three trees made from the same commit: unpatched, unpatched
-   with only the series' new test file (``0004``), and patched (the whole series, ``git apply``):
-   the whole set-up file (``-m "not hf_gated"``), its automodel lane (``--automodel-only``), the
-   reference configs (``test_config_v2.py -k reference``) and the new tests.
-2. ``ranks``: NeMo RL's ``setup_distributed``, called for real on 4 CPU ranks (tp 2), CPU offload
-   off and on, unpatched and patched, with only NCCL's name swapped for Gloo
-   (``scripts/nemo_rl_rank.py`` says how); every group's timeout read back on every rank.
-3. ``preflight``: ``nemo-rl-shim preflight`` in that environment.
-4. ``bump``: the pin bump rehearsed: nemo-automodel 0.7.0 with transformers 5.5.0, then 5.18.0;
-   every import or check that stops ``nemo_rl.models.automodel.setup``, each with its fix applied
-   in a scratch copy to find the next, unpatched and patched. The environment's pin is put back.
+1. ``series``: three trees cloned from NeMo RL at ``--rev``: unpatched, tests-only (the series'
+   test commit alone, ``git am``) and patched (the whole series, ``git am``). Every commit must be
+   signed off, and the series must add no requirement (``pyproject.toml`` and ``uv.lock`` unchanged).
+2. ``env``: the environment above.
+3. ``driver``: ``scripts/nemo_rl_driver.py`` on the unpatched and patched trees: NeMo RL's
+   ``MasterConfig`` with true, "45", nan, inf, 0, -5, 45 and null for the policy, teacher and value
+   sections, and ``Policy`` for the reward model section, the v1 DTensor worker and Megatron.
+4. ``tests``: NeMo RL's own tests. The set-up file, its automodel lane (``--automodel-only``), the
+   reference configs and every example config, unpatched and patched; the new tests on the
+   tests-only tree (each must fail at an assertion) and on the patched tree (each must pass).
+5. ``ranks``: NeMo RL's ``setup_distributed`` for real on 4 CPU ranks (tp 2), CPU offload off and
+   on, unpatched and patched, NCCL stood in by Gloo (``scripts/nemo_rl_rank.py``); then the
+   worker's replica group, then every process group torch holds, read on every backend.
+6. ``save``: NVIDIA-NeMo/RL#3624 scaled down on 4 CPU ranks: Automodel's consolidation barrier on
+   the default group, with rank 0 writing longer than torch's (scaled) default timeout.
+7. ``preflight``: ``nemo-rl-shim`` in a SEPARATE venv layered on the NeMo RL one (a ``.pth``
+   points at its site-packages), so the judged environment stays without this project.
+8. ``bump``: the pin bump rehearsed (nemo-automodel 0.7.0): every blocker of
+   ``import nemo_rl.models.automodel.setup``, unpatched and patched; the pin is put back.
 
-Prints one summary (and ``--json`` writes it). Exits 0 only when every expectation holds: the
-tests that pass unpatched still pass patched, every new test fails on unpatched NeMo RL and passes
-patched, every group on every rank reads the timeout on every backend, and the series adds nothing
-to the bump's list. A step that cannot run is a failure, never a pass.
+Prints the summary (``--json`` writes it). Exits 0 only when every expectation holds, 1 when one
+does not; a step that cannot run is a failure, never a pass.
 
     python3 scripts/nemo_rl_check.py --rl-git /work/.mirror/NVIDIA-NeMo+RL/repo \\
         --automodel-git /work/.mirror/NVIDIA-NeMo+Automodel/repo --work /tmp/nemo-rl-check
@@ -35,20 +42,22 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
 import time
 import tomllib
+import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 SERIES = sorted((ROOT / "nemo_rl_shim" / "upstream").glob("0*.patch"))
-TEST_PATCH = next((p for p in SERIES if p.name.startswith("0004")), None)
-NEW_TESTS = "tests/unit/models/automodel/test_automodel_distributed_timeout.py"
-SETUP_TESTS = "tests/unit/models/automodel/test_automodel_setup.py"
 RANK_SCRIPT = ROOT / "scripts" / "nemo_rl_rank.py"
+DRIVER_SCRIPT = ROOT / "scripts" / "nemo_rl_driver.py"
+SETUP_TESTS = "tests/unit/models/automodel/test_automodel_setup.py"
+DRIVER_TESTS = ("tests/unit/test_config_validation.py", "tests/unit/models/policy/test_policy_validation.py")
 #: What NeMo RL's tests import, by uv.lock name (the lock gives the version).
 PACKAGES = [
     "torch",
@@ -90,8 +99,26 @@ PACKAGES = [
     "pybind11",
     "einops",
 ]
+#: Marks a venv this script built, with what it holds; a match lets a later run reuse it.
+ENV_MARKER = ".nemo-rl-check.json"
+#: The NeMo RL tests run on each tree: (lane, trees, pytest selection).
+LANES = (
+    ("setup file", ("unpatched", "patched"), (SETUP_TESTS, "-m", "not hf_gated")),
+    ("automodel lane", ("unpatched", "patched"), (SETUP_TESTS, "--automodel-only")),
+    ("reference configs", ("unpatched", "patched"), ("tests/unit/test_config_v2.py", "-k", "reference")),
+    ("example configs", ("unpatched", "patched"), ("tests/unit/test_config_validation.py",)),
+    ("new set-up tests", ("tests-only", "patched"), (SETUP_TESTS, "--automodel-only", "-k", "timeout")),
+    ("new driver tests", ("tests-only", "patched"), (*DRIVER_TESTS, "-k", "distributed_timeout")),
+)
+#: A new test's failure on unpatched NeMo RL must be its own assertion, not an import or a missing name.
+ASSERTION_FAILURES = ("AssertionError", "assert ", "Failed: DID NOT RAISE")
+#: #3624 scaled down: torch's 30 min Gloo default x SAVE_SCALE, a 40 min save, a 60 min knob.
+SAVE_SCALE, SAVE_SECONDS, SAVE_KNOB_MINUTES = 1 / 120, 40 * 60 / 120, 60 / 120
+#: The preflight step's command (another issue changes it to ``preflight --setup nemo-rl``).
+PREFLIGHT_ARGS = ("preflight", "--timeout-minutes", "45", "--nproc", "4", "--tp", "2")
 #: The bump rehearsal: nemo-automodel 0.7.0 and the transformers it pins.
 BUMP_AUTOMODEL, BUMP_TRANSFORMERS = "0.7.0", "5.18.0"
+IDENTITY = ("-c", "user.name=nemo-rl-check", "-c", "user.email=nemo-rl-check@localhost")
 
 
 def run(cmd: list[str], *, timeout: float, cwd: Path | None = None, env: dict[str, str] | None = None) -> Any:
@@ -111,7 +138,90 @@ def log(message: str) -> None:
     print(f"[nemo_rl_check {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-# --- the environment ---------------------------------------------------------------------------
+def git(*args: str, cwd: Path | None = None, timeout: float = 300) -> str:
+    done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"git {' '.join(args)} failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
+    return done.stdout
+
+
+# --- 1. the series ------------------------------------------------------------------------------
+
+
+def clone_tree(args: argparse.Namespace, dest: Path, patches: list[Path]) -> list[str]:
+    """NeMo RL at ``--rev`` in ``dest``, with ``patches`` applied by ``git am``; returns the new commits."""
+    if dest.exists():
+        shutil.rmtree(dest)
+    git("clone", "--quiet", "--shared", "--no-checkout", str(args.rl_git), str(dest))
+    git("checkout", "--quiet", "--detach", args.rev, cwd=dest)
+    if patches:
+        git(*IDENTITY, "am", "--quiet", *map(str, patches), cwd=dest)
+    return git("log", "--format=%H", f"{args.rev}..HEAD", cwd=dest).split()
+
+
+def _dependencies(pyproject: Path) -> dict[str, Any]:
+    data = tomllib.loads(pyproject.read_text())
+    project = data.get("project", {})
+    return {
+        "dependencies": project.get("dependencies"),
+        "optional-dependencies": project.get("optional-dependencies"),
+        "dependency-groups": data.get("dependency-groups"),
+        "tool.uv": data.get("tool", {}).get("uv"),
+    }
+
+
+def patch_files(patch: Path) -> list[str]:
+    """The files a patch touches, as ``git apply --numstat`` reads them."""
+    return [line.split("\t")[2] for line in git("apply", "--numstat", str(patch)).splitlines()]
+
+
+def series_step(args: argparse.Namespace, work: Path) -> tuple[dict[str, Any], list[str]]:
+    problems: list[str] = []
+    # The test commit: the one patch that touches tests only
+    test_patches = [p for p in SERIES if all(f.startswith("tests/") for f in patch_files(p))]
+    commits = {
+        "unpatched": clone_tree(args, work / "unpatched", []),
+        "tests-only": clone_tree(args, work / "tests-only", test_patches),
+        "patched": clone_tree(args, work / "patched", SERIES),
+    }
+    patched = work / "patched"
+    signed, subjects = {}, []
+    for commit in commits["patched"]:
+        message = git("log", "-1", "--format=%an <%ae>%n%s%n%b", commit, cwd=patched)
+        author, subject = message.splitlines()[:2]
+        subjects.append(subject)
+        signed[subject] = f"Signed-off-by: {author}" in message
+        if not signed[subject]:
+            problems.append(f"commit {subject!r} has no Signed-off-by of its author ({author})")
+    if len(commits["patched"]) != len(SERIES):
+        problems.append(f"git am made {len(commits['patched'])} commits of {len(SERIES)} patches")
+    if len(test_patches) != 1 or len(commits["tests-only"]) != 1:
+        problems.append(f"the series needs exactly one test commit, found {[p.name for p in test_patches]}")
+    changed = git("diff", "--name-only", f"{args.rev}..HEAD", cwd=patched).split()
+    same_lock = (work / "unpatched" / "uv.lock").read_bytes() == (patched / "uv.lock").read_bytes()
+    same_deps = _dependencies(work / "unpatched" / "pyproject.toml") == _dependencies(patched / "pyproject.toml")
+    if not same_lock or not same_deps or "pyproject.toml" in changed or "uv.lock" in changed:
+        problems.append("the series changes NeMo RL's requirements (pyproject.toml or uv.lock)")
+    numstat = git("diff", "--numstat", f"{args.rev}..HEAD", cwd=patched).splitlines()
+    code_added = sum(
+        int(added)
+        for added, _, path in (line.split("\t") for line in numstat)
+        if path.startswith("nemo_rl/") and added.isdigit()
+    )
+    result = {
+        "patches": [p.name for p in SERIES],
+        "git am on": args.rev,
+        "commits": subjects,
+        "signed off": signed,
+        "tests-only commits": len(commits["tests-only"]),
+        "files changed": changed,
+        "lines added under nemo_rl/": code_added,
+        "pyproject.toml and uv.lock unchanged": same_lock and same_deps and "pyproject.toml" not in changed,
+    }
+    return result, problems
+
+
+# --- 2. NeMo RL's environment ---------------------------------------------------------------------
 
 
 def lock_versions(lock: Path) -> dict[str, str]:
@@ -119,60 +229,24 @@ def lock_versions(lock: Path) -> dict[str, str]:
     for package in tomllib.loads(lock.read_text())["package"]:
         if "version" in package:  # a workspace or git source may have none
             versions.setdefault(package["name"], []).append(package["version"])
-    # The newest a lock holds; transformers is taken from Automodel's own pin instead (build_env).
+    # The newest a lock holds; transformers is taken from Automodel's own pin instead (env_step).
     return {
         name: max(found, key=lambda v: [int(x) if x.isdigit() else 0 for x in re.split(r"[.+]", v)])
         for name, found in versions.items()
     }
 
 
-def export_tree(args: argparse.Namespace, dest: Path) -> None:
-    if dest.exists():
-        shutil.rmtree(dest)
-    dest.mkdir(parents=True)
-    if args.rl_checkout:
-        shutil.copytree(args.rl_checkout, dest, dirs_exist_ok=True, ignore=shutil.ignore_patterns(".git", "3rdparty"))
-        return
-    archive = subprocess.run(
-        [
-            "git",
-            f"--git-dir={args.rl_git}",
-            "archive",
-            args.rev,
-            "nemo_rl",
-            "tests",
-            "examples",
-            "pyproject.toml",
-            "uv.lock",
-        ],
-        capture_output=True,
-        check=True,
-        timeout=300,
-    ).stdout
-    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True, timeout=300)
-
-
-def automodel_commit(args: argparse.Namespace) -> str:
+def automodel_commit(args: argparse.Namespace, work: Path) -> str:
     if args.automodel_rev:
         return args.automodel_rev
-    line = subprocess.run(
-        ["git", f"--git-dir={args.rl_git}", "ls-tree", args.rev, "3rdparty/Automodel-workspace/Automodel"],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    ).stdout.split()
+    line = git("ls-tree", "HEAD", "3rdparty/Automodel-workspace/Automodel", cwd=work / "unpatched").split()
     return line[2]
 
 
-def uv_pip(env: Path, *specs: str, timeout: float = 1200) -> None:
-    rc, out, _ = run(["uv", "pip", "install", "--python", str(env / "bin" / "python"), *specs], timeout=timeout)
-    if rc != 0:
-        raise RuntimeError(f"uv pip install {' '.join(specs)} failed ({rc}):\n{out[-3000:]}")
-
-
-def export_automodel(args: argparse.Namespace, work: Path) -> tuple[str, Path]:
-    commit, source = automodel_commit(args), work / "automodel"
+def export_automodel(args: argparse.Namespace, work: Path, commit: str) -> Path:
+    source = work / "automodel"
+    if (source / ".commit").is_file() and (source / ".commit").read_text() == commit:
+        return source
     if source.exists():
         shutil.rmtree(source)
     source.mkdir()
@@ -180,7 +254,8 @@ def export_automodel(args: argparse.Namespace, work: Path) -> tuple[str, Path]:
         ["git", f"--git-dir={args.automodel_git}", "archive", commit], capture_output=True, check=True, timeout=300
     ).stdout
     subprocess.run(["tar", "-x", "-C", str(source)], input=archive, check=True, timeout=300)
-    return commit, source
+    (source / ".commit").write_text(commit)
+    return source
 
 
 def automodel_transformers(source: Path) -> str:
@@ -191,122 +266,237 @@ def automodel_transformers(source: Path) -> str:
     raise RuntimeError(f"{source}/pyproject.toml pins no transformers==")
 
 
-def build_env(args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    env = work / "env"
-    start = time.monotonic()
-    if not (env / "bin" / "python").exists():
-        run(["uv", "venv", "--python", args.python, str(env)], timeout=300)
-    commit, source = export_automodel(args, work)
+def uv_pip(python: Path, *specs: str, timeout: float = 1800) -> None:
+    rc, out, _ = run(["uv", "pip", "install", "--python", str(python), *specs], timeout=timeout)
+    if rc != 0:
+        raise RuntimeError(f"uv pip install {' '.join(specs)} failed ({rc}):\n{out[-3000:]}")
+
+
+def python_of(env: Path) -> Path:
+    return env / "bin" / "python"
+
+
+def absent_from(env: Path, *modules: str) -> dict[str, bool]:
+    """Whether each module fails to import in ``env`` (this project must not be there).
+
+    Run from ``env`` itself: ``python -c`` puts the working directory first on ``sys.path``, and
+    this project's checkout would lend its packages to a run started there.
+    """
+    found = {}
+    for module in modules:
+        rc, _, _ = run([str(python_of(env)), "-c", f"import {module}"], timeout=300, env=clean_env(), cwd=env)
+        found[module] = rc != 0
+    return found
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This process's environment without anything that could point a child at this project."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "RAY_ADDRESS")}
+    env.update(extra)
+    return env
+
+
+def env_step(args: argparse.Namespace, work: Path) -> tuple[dict[str, Any], list[str]]:
+    env, start = work / "env", time.monotonic()
+    commit = automodel_commit(args, work)
+    source = export_automodel(args, work, commit)
     versions = {**lock_versions(work / "unpatched" / "uv.lock"), "transformers": automodel_transformers(source)}
     specs = [f"{name}=={versions[name].split('+')[0]}" if name in versions else name for name in PACKAGES]
-    uv_pip(env, *[s.replace("ray==", "ray[default]==") for s in specs])
-    uv_pip(env, "--no-deps", "--reinstall-package", "nemo-automodel", str(source))
-    uv_pip(env, "--no-deps", "--reinstall-package", "nemo-rl-shim", str(args.project))
-    return {
+    specs = [s.replace("ray==", "ray[default]==") for s in specs]
+    wanted = {"python": args.python, "specs": specs, "automodel_commit": commit}
+    marker = env / ENV_MARKER
+    reused = marker.is_file() and json.loads(marker.read_text()) == wanted and python_of(env).exists()
+    if not reused:
+        log(f"building NeMo RL's environment in {env}")
+        if not python_of(env).exists():
+            rc, out, _ = run(["uv", "venv", "--python", args.python, str(env)], timeout=300)
+            if rc != 0:
+                raise RuntimeError(f"uv venv failed: {out[-2000:]}")
+        marker.unlink(missing_ok=True)
+        uv_pip(python_of(env), *specs)
+        uv_pip(python_of(env), "--no-deps", "--reinstall-package", "nemo-automodel", str(source))
+        marker.write_text(json.dumps(wanted))
+    # An older run of this script installed this project here; the judged environment must not have it.
+    run(["uv", "pip", "uninstall", "--python", str(python_of(env)), "nemo-rl-shim"], timeout=300)
+    absent = absent_from(env, "nemo_rl_shim", "automodel_patch")
+    problems = [f"`import {m}` works in NeMo RL's environment" for m, gone in absent.items() if not gone]
+    result = {
+        "path": str(env),
+        "reused": reused,
         "python": args.python,
         "automodel_commit": commit,
-        "seconds": round(time.monotonic() - start, 1),
-        "transformers": versions["transformers"],
         "torch": versions.get("torch"),
+        "transformers": versions["transformers"],
+        "this project absent (import fails)": absent,
+        "seconds": round(time.monotonic() - start, 1),
     }
+    return result, problems
 
 
-def apply_series(tree: Path, patches: list[Path]) -> None:
-    subprocess.run(["git", "init", "-q"], cwd=tree, check=True, timeout=60)
-    for patch in patches:
-        done = subprocess.run(["git", "apply", str(patch)], cwd=tree, capture_output=True, text=True, timeout=60)
-        if done.returncode != 0:
-            raise RuntimeError(f"{patch.name} does not apply: {done.stderr.strip()}")
+# --- 3. the driver --------------------------------------------------------------------------------
+
+_SECTION_OF = {"grpo policy": "policy", "distillation teacher": "teacher", "ppo value": "value"}
+_BAD = ("True", "'45'", "nan", "inf", "0", "-5")
 
 
-# --- NeMo RL's tests -----------------------------------------------------------------------------
-
-_COUNT = re.compile(r"(\d+) (passed|failed|error|errors|skipped|deselected)")
-
-
-def pytest(work: Path, tree: Path, label: str, *selection: str, timeout: float) -> dict[str, Any]:
-    # Short and private: Ray's socket paths under it must stay within AF_UNIX's 107 bytes.
-    raytmp = Path(tempfile.mkdtemp(prefix="nrlray"))
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    env.update(RAY_TMPDIR=str(raytmp), PYTHONPATH=str(tree), HF_HOME=str(work / "hf"), PYTHONDONTWRITEBYTECODE="1")
-    # The Ray head's dashboard modules get 30 s to start; on a loaded 2-core machine they took longer
-    # and every test of the session errored at set-up. A bound on the machine, not on the tests.
-    env.setdefault("RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT", "300")
-    cmd = [
-        str(work / "env" / "bin" / "python"),
-        "-m",
-        "pytest",
-        *selection,
-        "--maxfail=100000",
-        "-q",
-        "-p",
-        "no:cacheprovider",
-    ]
-    log(f"pytest {label}: {' '.join(selection)}")
-    rc, out, seconds = run(cmd, cwd=tree, env=env, timeout=timeout)
-    if "failed to start" in out and not re.search(r"\d+ passed", out):  # the Ray head, not a test: once more
-        log(f"pytest {label}: the Ray head did not start; again")
-        rc, out, seconds = run(cmd, cwd=tree, env=env, timeout=timeout)
-    shutil.rmtree(raytmp, ignore_errors=True)
-    (work / f"pytest-{label}.log").write_text(out)
-    summary = next((line for line in reversed(out.splitlines()) if re.search(r"\d+ (passed|failed|error)", line)), "")
-    counts = {kind.rstrip("s") if kind == "errors" else kind: int(n) for n, kind in _COUNT.findall(summary)}
-    return {"rc": rc, "seconds": round(seconds, 1), "counts": counts, "summary": summary.strip("= ")}
-
-
-def tests_step(work: Path, timeout: float) -> dict[str, Any]:
-    lanes = {
-        "setup file": (SETUP_TESTS, "-m", "not hf_gated"),
-        "automodel lane": (SETUP_TESTS, "--automodel-only"),
-        "reference configs": ("tests/unit/test_config_v2.py", "-k", "reference"),
-    }
-    results: dict[str, Any] = {}
-    for tree in ("unpatched", "patched"):
-        for name, selection in lanes.items():
-            results[f"{tree}: {name}"] = pytest(
-                work, work / tree, f"{tree}-{name.split()[0]}", *selection, timeout=timeout
-            )
-    results["tests only: new tests"] = pytest(
-        work, work / "tests-only", "tests-only", NEW_TESTS, "--automodel-only", timeout=timeout
-    )
-    results["patched: new tests"] = pytest(
-        work, work / "patched", "patched-new", NEW_TESTS, "--automodel-only", timeout=timeout
-    )
-    results["patched: lane with new tests"] = pytest(
-        work, work / "patched", "patched-lane-new", SETUP_TESTS, NEW_TESTS, "--automodel-only", timeout=timeout
-    )
-    return results
-
-
-def tests_verdict(results: dict[str, Any]) -> list[str]:
+def driver_verdict(patched: dict[str, Any]) -> list[str]:
+    """Patched NeMo RL refuses the six bad values naming the section, takes 45 and null, refuses where unread."""
     problems = []
-    for name in ("setup file", "automodel lane", "reference configs"):
-        before, after = results[f"unpatched: {name}"]["counts"], results[f"patched: {name}"]["counts"]
-        if not before.get("passed"):
-            problems.append(f"unpatched {name}: nothing passed ({results[f'unpatched: {name}']['summary']})")
-        if after.get("passed", 0) != before.get("passed", 0) or after.get("failed") or after.get("error"):
-            problems.append(f"{name}: {before} unpatched, {after} patched")
-    only, new = results["tests only: new tests"]["counts"], results["patched: new tests"]["counts"]
-    if only.get("passed"):
-        problems.append(f"new tests on unpatched NeMo RL: {only.get('passed')} passed, none should")
-    if new.get("failed") or new.get("error") or new.get("passed", 0) < 5:
-        problems.append(f"new tests patched: {new}, need at least 5 passed and none failed")
+    for label, outcomes in patched["master_config"].items():
+        key = f"{_SECTION_OF[label]}.automodel_cfg.distributed_timeout_minutes"
+        for value in _BAD:
+            if not (outcomes[value].startswith("refused: ValidationError") and key in outcomes[value]):
+                problems.append(f"MasterConfig, {label}, {value}: {outcomes[value]}")
+        for value, expected in (("45", "accepted: 45.0"), ("None", "accepted: None")):
+            if outcomes[value] != expected:
+                problems.append(f"MasterConfig, {label}, {value}: {outcomes[value]}, expected {expected}")
+    for label, key in (
+        ("v1 DTensor worker, 45", "policy.automodel_cfg"),
+        ("Megatron, 45", "policy.automodel_cfg"),
+        ("env.reward_model, true", "env.reward_model.automodel_cfg"),
+    ):
+        if not (patched["policy"][label].startswith("refused: ValueError") and key in patched["policy"][label]):
+            problems.append(f"Policy, {label}: {patched['policy'][label]}")
     return problems
 
 
-# --- 4 CPU ranks -------------------------------------------------------------------------------
+def driver_step(work: Path) -> tuple[dict[str, Any], list[str]]:
+    results, problems = {}, []
+    for tree in ("unpatched", "patched"):
+        out = work / f"driver-{tree}.json"
+        out.unlink(missing_ok=True)
+        rc, text, seconds = run(
+            [str(python_of(work / "env")), str(DRIVER_SCRIPT), "--configs", "examples/configs", "--out", str(out)],
+            cwd=work / tree,
+            env=clean_env(PYTHONPATH=str(work / tree), HF_HOME=str(work / "hf")),
+            timeout=900,
+        )
+        if rc != 0 or not out.exists():
+            problems.append(f"driver check on {tree} exited {rc}: {text.strip().splitlines()[-1:]}")
+            continue
+        results[tree] = {**json.loads(out.read_text()), "seconds": round(seconds, 1)}
+    if "patched" in results:
+        problems += driver_verdict(results["patched"])
+    return results, problems
+
+
+# --- 4. NeMo RL's tests -----------------------------------------------------------------------------
+
+
+def junit_results(path: Path, tree: Path | None = None) -> dict[str, dict[str, str]]:
+    """Each test's outcome (passed/failed/error/skipped) and failure message, from pytest's junit XML.
+
+    A test parametrized by a path names its tree; with ``tree`` given, that prefix is dropped, so the
+    same test has the same id on every tree.
+    """
+    if not path.exists():
+        return {}
+    results = {}
+    for case in ElementTree.parse(path).getroot().iter("testcase"):
+        test_id = f"{case.get('classname')}::{case.get('name')}"
+        if tree is not None:
+            test_id = test_id.replace(f"{tree}/", "")
+        outcome, message = "passed", ""
+        for child in case:
+            if child.tag in ("failure", "error", "skipped"):
+                outcome = {"failure": "failed"}.get(child.tag, child.tag)
+                message = (child.get("message") or "").strip()
+        results[test_id] = {"outcome": outcome, "message": message[:300]}
+    return results
+
+
+def pytest(work: Path, tree: str, label: str, selection: tuple[str, ...], timeout: float) -> dict[str, Any]:
+    # Short and private: Ray's socket paths under it must stay within AF_UNIX's 107 bytes.
+    raytmp = Path(tempfile.mkdtemp(prefix="nrlray"))
+    # RAY_ADDRESS=local: NeMo RL's init_ray() calls ray.init(address="auto"), which attaches to ANY Ray head
+    # it finds among this machine's processes (another session's, another job's) and keeps using it while it
+    # lives. "local" makes that call start a private head instead (no dashboard).
+    junit = work / f"junit-{label}.xml"
+    junit.unlink(missing_ok=True)
+    env = clean_env(
+        RAY_ADDRESS="local",
+        RAY_TMPDIR=str(raytmp),
+        PYTHONPATH=str(work / tree),
+        HF_HOME=str(work / "hf"),
+        PYTHONDONTWRITEBYTECODE="1",
+    )
+    cmd = [str(python_of(work / "env")), "-m", "pytest", *selection, "--maxfail=100000", "-q", "-p", "no:cacheprovider"]
+    cmd += [f"--junitxml={junit}"]
+    log(f"pytest {label}: {' '.join(selection)}")
+    rc, out, seconds = run(cmd, cwd=work / tree, env=env, timeout=timeout)
+    if "failed to start" in out and not re.search(r"\d+ passed", out):  # the Ray head, not a test: once more
+        log(f"pytest {label}: the Ray head did not start; again")
+        rc, out, seconds = run(cmd, cwd=work / tree, env=env, timeout=timeout)
+    shutil.rmtree(raytmp, ignore_errors=True)
+    (work / f"pytest-{label}.log").write_text(out)
+    summary = next(
+        (line for line in reversed(out.splitlines()) if re.search(r"\d+ (passed|failed|error|deselected)", line)), ""
+    )
+    tests = junit_results(junit, work / tree)
+    counts: dict[str, int] = {}
+    for result in tests.values():
+        counts[result["outcome"]] = counts.get(result["outcome"], 0) + 1
+    return {"rc": rc, "seconds": round(seconds, 1), "counts": counts, "summary": summary.strip("= "), "tests": tests}
+
+
+def tests_step(work: Path, timeout: float) -> tuple[dict[str, Any], list[str]]:
+    results: dict[str, Any] = {}
+    for lane, trees, selection in LANES:
+        for tree in trees:
+            label = f"{tree}-{lane.replace(' ', '-')}"
+            results[f"{tree}: {lane}"] = pytest(work, tree, label, selection, timeout)
+    verdict, problems = tests_verdict(results)
+    return {**results, "new tests": verdict}, problems
+
+
+def tests_verdict(results: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    problems: list[str] = []
+    for lane, trees, _ in LANES:
+        if "unpatched" not in trees:
+            continue
+        before, after = results[f"unpatched: {lane}"]["tests"], results[f"patched: {lane}"]["tests"]
+        passed_before = {t for t, r in before.items() if r["outcome"] == "passed"}
+        if not passed_before:
+            problems.append(f"unpatched {lane}: nothing passed ({results[f'unpatched: {lane}']['summary']})")
+        lost = sorted(t for t in passed_before if after.get(t, {}).get("outcome") != "passed")
+        if lost:
+            problems.append(f"{lane}: {len(lost)} tests pass unpatched but not patched: {lost[:5]}")
+        new_failures = sorted(
+            t for t, r in after.items() if r["outcome"] in ("failed", "error") and t in before and t not in lost
+        )
+        if new_failures:
+            problems.append(f"{lane}: {new_failures[:5]} fail patched")
+    new: dict[str, dict[str, str]] = {}
+    for lane in ("new set-up tests", "new driver tests"):
+        patched, tests_only = results[f"patched: {lane}"]["tests"], results[f"tests-only: {lane}"]["tests"]
+        for test_id, result in patched.items():
+            only = tests_only.get(test_id, {"outcome": "not collected", "message": ""})
+            new[test_id] = {"patched": result["outcome"], "tests-only": only["outcome"], "fails at": only["message"]}
+            if result["outcome"] != "passed":
+                problems.append(f"new test {test_id}: {result['outcome']} patched ({result['message']})")
+            if only["outcome"] != "failed" or not only["message"].startswith(ASSERTION_FAILURES):
+                problems.append(f"new test {test_id} on unpatched NeMo RL: {only['outcome']} ({only['message']})")
+    lane_ids = set(results["patched: automodel lane"]["tests"])
+    not_in_lane = sorted(t for t in results["patched: new set-up tests"]["tests"] if t not in lane_ids)
+    if not_in_lane:
+        problems.append(f"new tests not collected by --automodel-only: {not_in_lane}")
+    if len(new) < 5:
+        problems.append(f"{len(new)} new tests, need at least 5")
+    return {"count": len(new), "tests": new}, problems
+
+
+# --- 5 and 6. 4 CPU ranks ---------------------------------------------------------------------------
 
 
 def free_port() -> int:
-    import socket
-
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
 
 
-def ranks_run(work: Path, tree: Path, cpu_offload: bool, minutes: float, timeout: float) -> dict[str, Any]:
-    out = work / f"ranks-{tree.name}-{'offload' if cpu_offload else 'no-offload'}"
+def ranks_run(work: Path, tree: str, label: str, rank_args: list[str], timeout: float) -> dict[str, Any]:
+    """4 processes of ``scripts/nemo_rl_rank.py`` on ``tree``; every one killed at ``timeout``."""
+    out = work / f"ranks-{label}"
     if out.exists():
         shutil.rmtree(out)
     out.mkdir()
@@ -314,26 +504,15 @@ def ranks_run(work: Path, tree: Path, cpu_offload: bool, minutes: float, timeout
     procs = []
     start = time.monotonic()
     for rank in range(world):
-        env = {
-            **os.environ,
-            "RANK": str(rank),
-            "LOCAL_RANK": str(rank),
-            "WORLD_SIZE": str(world),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-            "PYTHONPATH": str(tree),
-        }
-        cmd = [
-            str(work / "env" / "bin" / "python"),
-            str(RANK_SCRIPT),
-            "--minutes",
-            str(minutes),
-            "--tp",
-            "2",
-            "--out",
-            str(out),
-            *(["--cpu-offload"] if cpu_offload else []),
-        ]
+        env = clean_env(
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE=str(world),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            PYTHONPATH=str(work / tree),
+        )
+        cmd = [str(python_of(work / "env")), str(RANK_SCRIPT), "--out", str(out), *rank_args]
         handle = (out / f"rank{rank}.log").open("w")
         procs.append((subprocess.Popen(cmd, env=env, stdout=handle, stderr=subprocess.STDOUT), handle))
     deadline = start + timeout
@@ -353,30 +532,158 @@ def ranks_run(work: Path, tree: Path, cpu_offload: bool, minutes: float, timeout
     return {"seconds": round(time.monotonic() - start, 1), "reports": reports}
 
 
-def ranks_table(result: dict[str, Any], minutes: float) -> tuple[list[str], list[str]]:
-    lines, problems = [], []
+def group_label(desc: str) -> str:
+    """torch's group description, as Automodel's enum names leave it (``mesh_MeshAxisName.TP``), made short."""
+    return re.sub(r"MeshAxisName\.(\w+)", lambda m: m.group(1).lower(), desc)
+
+
+def groups_table(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per group description: its members on every rank, backend, timeouts, checks."""
+    rows: dict[str, dict[str, Any]] = {}
     for report in result["reports"]:
-        rank = report["rank"]
-        if "error" in report:
-            problems.append(f"rank {rank}: {report['error']}")
-            continue
-        for name, group in report["groups"].items():
-            timeouts = " ".join(f"{d}={m:g}" for d, m in sorted(group["timeout_min"].items()))
-            ok = all(abs(m - minutes) < 1e-6 for m in group["timeout_min"].values())
-            lines.append(
-                f"| {rank} | {name} | {group['ranks']} | {group['backend']} | {timeouts} | "
-                f"{'yes' if group['allreduce_cpu'] else 'NO'} |"
+        for group in report.get("groups", []):
+            row = rows.setdefault(
+                group_label(group["desc"]),
+                {"members": [], "backend": group["backend"], "timeout_min": {}, "objects": set(), "allreduce": 0},
             )
-            if not ok:
-                problems.append(f"rank {rank} group {name}: {timeouts} min, expected {minutes:g}")
-            if not group["allreduce_cpu"]:
-                problems.append(f"rank {rank} group {name}: CPU all-reduce gave a wrong sum")
-        if not report.get("full_tensor_ok"):
-            problems.append(f"rank {rank}: full_tensor() of a dp-sharded CPU DTensor failed")
-    return lines, problems
+            if group["ranks"] not in row["members"]:
+                row["members"].append(group["ranks"])
+            for device, minutes in group["timeout_min"].items():
+                row["timeout_min"].setdefault(device, set()).add(round(minutes, 4))
+            row["objects"].add(group["distinct_backends"])
+            row["allreduce"] += bool(group["allreduce_cpu"])
+    return [
+        {
+            "group": name,
+            "members": row["members"],
+            "backend": row["backend"],
+            "timeout_min": {d: sorted(v) for d, v in sorted(row["timeout_min"].items())},
+            "backend objects": sorted(row["objects"]),
+            "CPU all-reduce ok on": row["allreduce"],
+        }
+        for name, row in rows.items()
+    ]
 
 
-# --- the pin bump, rehearsed ---------------------------------------------------------------------
+def ranks_summary(result: dict[str, Any]) -> dict[str, Any]:
+    """One 4-rank run, summarised: errors, how many groups each rank holds, the replica group, the table."""
+    return {
+        "seconds": result["seconds"],
+        "errors": [f"rank {r['rank']}: {r['error']}" for r in result["reports"] if "error" in r],
+        "groups per rank": [len(r.get("groups", [])) for r in result["reports"]],
+        "replica group": sorted({group_label(r.get("replica_desc", "?")) for r in result["reports"]}),
+        "full_tensor ok on": sum(bool(r.get("full_tensor_ok")) for r in result["reports"]),
+        "table": groups_table(result),
+    }
+
+
+def ranks_verdict(label: str, tree: str, offload: bool, summary: dict[str, Any], minutes: float) -> list[str]:
+    """Patched: every group on every rank reads ``minutes`` on every backend. Unpatched: some group must not."""
+    table = summary["table"]
+    wrong = [row["group"] for row in table if any(v != [round(minutes, 4)] for v in row["timeout_min"].values())]
+    if tree == "unpatched":  # if every group already read the value, the check could not tell the change apart
+        return [f"{label}: every group already reads {minutes:g} min unpatched"] if table and not wrong else []
+    problems = [f"{label}: {e}" for e in summary["errors"]]
+    if not table or wrong:
+        problems.append(f"{label}: groups without {minutes:g} min on every backend: {wrong or 'no groups read'}")
+    replica = summary["replica group"]
+    if "?" in replica or any(r not in {row["group"] for row in table} for r in replica):
+        problems.append(f"{label}: the replica group {replica} is not among the groups read")
+    objects = 2 if offload else 1
+    if any(row["backend objects"] != [objects] for row in table):
+        problems.append(f"{label}: a group does not have {objects} backend object(s) per rank")
+    if any(row["CPU all-reduce ok on"] != sum(len(m) for m in row["members"]) for row in table):
+        problems.append(f"{label}: a CPU all-reduce failed")
+    if summary["full_tensor ok on"] != 4:
+        problems.append(f"{label}: full_tensor() of a dp-sharded CPU DTensor failed")
+    return problems
+
+
+def ranks_step(work: Path, minutes: float) -> tuple[dict[str, Any], list[str]]:
+    results: dict[str, Any] = {}
+    problems: list[str] = []
+    for tree in ("unpatched", "patched"):
+        for offload in (False, True):
+            label = f"{tree}, cpu_offload {'on' if offload else 'off'}"
+            log(f"4 ranks: {label}")
+            rank_args = ["--mode", "groups", "--minutes", f"{minutes:g}", "--tp", "2"]
+            rank_args += ["--cpu-offload"] if offload else []
+            result = ranks_run(work, tree, f"{tree}-offload-{'on' if offload else 'off'}", rank_args, 600)
+            results[label] = ranks_summary(result)
+            problems += ranks_verdict(label, tree, offload, results[label], minutes)
+    return results, problems
+
+
+def save_verdict(label: str, completes: bool, ranks: list[dict[str, Any]]) -> list[str]:
+    """With the knob the save completes on every rank; without it, the barrier times out as #3624's does."""
+    errors = [r["error"] for r in ranks if r.get("error")]
+    if errors:
+        return [f"#3624 {label}: {errors}"]
+    done = [r.get("save") == "completed" for r in ranks]
+    if completes and not all(done):
+        return [f"#3624 {label}: the save did not complete on every rank: {ranks}"]
+    if not completes and (all(done) or not any("Timed out" in (r.get("save") or "") for r in ranks)):
+        return [f"#3624 {label}: expected the barrier to time out as #3624 does, got {ranks}"]
+    return []
+
+
+def save_step(work: Path) -> tuple[dict[str, Any], list[str]]:
+    """#3624 scaled down: unpatched (the key ignored), patched with null, patched with the knob."""
+    runs = (
+        ("unpatched, knob 60 min (ignored)", "unpatched", SAVE_KNOB_MINUTES, False),
+        ("patched, null", "patched", None, False),
+        ("patched, knob 60 min", "patched", SAVE_KNOB_MINUTES, True),
+    )
+    results: dict[str, Any] = {
+        "scale": f"1/{round(1 / SAVE_SCALE)}: torch's 30 min Gloo default -> {30 * 60 * SAVE_SCALE:g} s, "
+        f"the save 40 min -> {SAVE_SECONDS:g} s, the knob 60 min -> {SAVE_KNOB_MINUTES:g} min",
+    }
+    problems: list[str] = []
+    for label, tree, knob, completes in runs:
+        log(f"#3624: {label}")
+        rank_args = ["--mode", "save", "--tp", "2", "--scale", repr(SAVE_SCALE), "--save-seconds", f"{SAVE_SECONDS:g}"]
+        rank_args += ["--minutes", "null" if knob is None else f"{knob:g}"]
+        result = ranks_run(work, tree, f"save-{tree}-{'null' if knob is None else 'knob'}", rank_args, 600)
+        ranks = [
+            {
+                k: r.get(k)
+                for k in ("rank", "default_group_timeout_s", "save", "save_seconds", "error")
+                if r.get(k) is not None
+            }
+            for r in result["reports"]
+        ]
+        results[label] = {"seconds": result["seconds"], "ranks": ranks}
+        problems += save_verdict(label, completes, ranks)
+    return results, problems
+
+
+# --- 7. preflight, in its own layer ----------------------------------------------------------------------
+
+
+def preflight_layer(args: argparse.Namespace, work: Path) -> Path:
+    """A venv that sees NeMo RL's environment through a ``.pth`` and adds this project, leaving that one clean."""
+    layer = work / "preflight-env"
+    if not python_of(layer).exists():
+        rc, out, _ = run(["uv", "venv", "--python", args.python, str(layer)], timeout=300)
+        if rc != 0:
+            raise RuntimeError(f"uv venv {layer} failed: {out[-2000:]}")
+    purelib = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    below = subprocess.run([str(python_of(work / "env")), "-c", purelib], capture_output=True, text=True, check=True)
+    above = subprocess.run([str(python_of(layer)), "-c", purelib], capture_output=True, text=True, check=True)
+    (Path(above.stdout.strip()) / "_nemo_rl_env.pth").write_text(below.stdout.strip() + "\n")
+    uv_pip(python_of(layer), "--no-deps", "--reinstall-package", "nemo-rl-shim", str(args.project))
+    return layer
+
+
+def preflight_step(args: argparse.Namespace, work: Path) -> tuple[dict[str, Any], list[str]]:
+    layer = preflight_layer(args, work)
+    rc, out, seconds = run([str(layer / "bin" / "nemo-rl-shim"), *PREFLIGHT_ARGS], timeout=900, env=clean_env())
+    result = {"layer": str(layer), "command": ["nemo-rl-shim", *PREFLIGHT_ARGS], "rc": rc, "seconds": round(seconds, 1)}
+    result["output"] = out.strip().splitlines()[-40:]
+    return result, [f"preflight exited {rc}"] if rc != 0 else []
+
+
+# --- 8. the pin bump, rehearsed -----------------------------------------------------------------------
 
 #: Each known blocker of ``nemo_rl.models.automodel.setup`` on 0.7.0: how it shows, and the fix applied
 #: in a scratch copy to reach the next one (the bump's own work: not part of the series).
@@ -395,7 +702,7 @@ BLOCKERS = (
     (
         "create_device_mesh",
         "ImportError: mesh_utils.create_device_mesh is gone",
-        "build the mesh with MeshContext.build (the series' _build_mesh_with_timeout path already does)",
+        "build the mesh with MeshContext.build (without a timeout: the series sets every group after the build)",
     ),
     (
         "MoEParallelizerConfig",
@@ -437,17 +744,17 @@ def _scratch_fix(setup: Path, key: str) -> None:
     setup.write_text(text)
 
 
-def bump_blockers(work: Path, tree: Path, label: str) -> list[dict[str, str]]:
-    scratch = work / f"bump-{label}"
+def bump_blockers(work: Path, tree: str) -> list[dict[str, str]]:
+    scratch = work / f"bump-{tree}"
     if scratch.exists():
         shutil.rmtree(scratch)
-    shutil.copytree(tree / "nemo_rl", scratch / "nemo_rl")
+    shutil.copytree(work / tree / "nemo_rl", scratch / "nemo_rl")
     setup = scratch / "nemo_rl" / "models" / "automodel" / "setup.py"
     found: list[dict[str, str]] = []
-    env = {**os.environ, "PYTHONPATH": str(scratch)}
+    env = clean_env(PYTHONPATH=str(scratch))
     for _ in range(len(BLOCKERS) + 2):
         rc, out, _ = run(
-            [str(work / "env" / "bin" / "python"), "-c", "import nemo_rl.models.automodel.setup"], env=env, timeout=300
+            [str(python_of(work / "env")), "-c", "import nemo_rl.models.automodel.setup"], env=env, timeout=300
         )
         if rc == 0:
             return found
@@ -459,40 +766,117 @@ def bump_blockers(work: Path, tree: Path, label: str) -> list[dict[str, str]]:
             return found
         found.append({"key": known[0], "error": error, "what": known[1], "fix": known[2]})
         if known[0] == "resolve_revision":
-            uv_pip(work / "env", f"transformers=={BUMP_TRANSFORMERS}")  # with its deps: tokenizers 0.23
+            uv_pip(python_of(work / "env"), f"transformers=={BUMP_TRANSFORMERS}")  # with its deps: tokenizers 0.23
         else:
             _scratch_fix(setup, known[0])
     found.append({"key": "unknown", "error": "too many blockers", "fix": "unknown"})
     return found
 
 
-def bump_step(work: Path) -> dict[str, Any]:
-    env = work / "env"
+def bump_step(work: Path) -> tuple[dict[str, Any], list[str]]:
+    env, pin = python_of(work / "env"), automodel_transformers(work / "automodel")
+    marker = work / "env" / ENV_MARKER
+    saved = marker.read_text() if marker.exists() else None
+    marker.unlink(missing_ok=True)  # the environment is not the pin's until it is put back
     result: dict[str, Any] = {}
     try:
-        for label in ("unpatched", "patched"):
+        for tree in ("unpatched", "patched"):
             uv_pip(env, "--no-deps", f"nemo-automodel=={BUMP_AUTOMODEL}")
-            # With its dependencies: the previous pass left 5.18.0's tokenizers 0.23.3, which 5.5.0 refuses.
-            uv_pip(env, f"transformers=={automodel_transformers(work / 'automodel')}")
-            result[label] = bump_blockers(work, work / label, label)
-    finally:  # the pin back, for any later step
-        uv_pip(env, f"transformers=={automodel_transformers(work / 'automodel')}")
+            # With its dependencies: the previous pass left 5.18.0's tokenizers, which 5.5.0 refuses.
+            uv_pip(env, f"transformers=={pin}")
+            result[tree] = bump_blockers(work, tree)
+    finally:  # the pin back, for any later step and run
+        uv_pip(env, f"transformers=={pin}")
         uv_pip(env, "--no-deps", "--reinstall-package", "nemo-automodel", str(work / "automodel"))
-    return result
+        if saved:
+            marker.write_text(saved)
+    before = [b["key"] for b in result["unpatched"]]
+    after = [b["key"] for b in result["patched"]]
+    problems = (
+        [f"the series changes the bump's blockers: {before} unpatched, {after} patched"] if after != before else []
+    )
+    return result, problems
 
 
-# --- driver -------------------------------------------------------------------------------------
+# --- the summary as markdown (the PR description's tables) ----------------------------------------
+
+
+def _cell(value: Any) -> str:
+    return " ".join(str(value).split()).replace("|", "\\|")
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return lines + ["| " + " | ".join(_cell(cell) for cell in row) + " |" for row in rows]
+
+
+def render_markdown(summary: dict[str, Any]) -> str:
+    """The figures of a run, as the tables the PR description quotes."""
+    out: list[str] = []
+    driver = summary.get("driver", {})
+    if "patched" in driver and "unpatched" in driver:
+        rows = []
+        for kind in ("master_config", "policy"):
+            for label, outcomes in driver["patched"][kind].items():
+                cases = outcomes.items() if isinstance(outcomes, dict) else [("", outcomes)]
+                for value, outcome in cases:
+                    before = driver["unpatched"][kind][label]
+                    before = before[value] if isinstance(before, dict) else before
+                    rows.append([label, value, f"`{before[:60]}`", f"`{outcome.split(' [type=')[0][:170]}`"])
+        out += ["### The driver", "", *_table(["section", "value", "unpatched", "patched"], rows), ""]
+    tests = summary.get("tests", {})
+    if tests:
+        rows = []
+        for lane, _, selection in LANES:
+            cells = [f"`{' '.join(selection)}`"]
+            for tree in ("unpatched", "tests-only", "patched"):
+                result = tests.get(f"{tree}: {lane}")
+                counts = ", ".join(f"{n} {k}" for k, n in sorted(result["counts"].items())) if result else "-"
+                cells.append(f"{counts or 'none collected'} ({result['seconds']:g} s)" if result else "-")
+            rows.append(cells)
+        out += ["### NeMo RL's tests", "", *_table(["selection", "unpatched", "tests only", "patched"], rows), ""]
+        new = tests.get("new tests", {}).get("tests", {})
+        rows = [
+            [f"`{t.split('::', 1)[1]}`", r["patched"], r["tests-only"], f"`{r['fails at'][:90]}`"]
+            for t, r in new.items()
+        ]
+        out += ["### The new tests", "", *_table(["test", "patched", "tests only", "fails there at"], rows), ""]
+    for label, result in summary.get("ranks", {}).items():
+        out += [f"### 4 ranks, {label} ({result['seconds']:g} s)", ""]
+        out += [f"Groups per rank: {result['groups per rank']}; replica group: {result['replica group']};"]
+        out += [f"`full_tensor()` ok on {result['full_tensor ok on']} of 4; errors: {result['errors'] or 'none'}", ""]
+        rows = [
+            [f"`{r['group']}`", " ".join(map(str, r["members"])), f"`{r['backend']}`",
+             ", ".join(f"{d} {'/'.join(f'{m:g}' for m in v)}" for d, v in r["timeout_min"].items()),
+             "/".join(map(str, r["backend objects"])), r["CPU all-reduce ok on"]]
+            for r in result["table"]
+        ]  # fmt: skip
+        out += _table(["group", "members", "backend", "timeout (min)", "backend objects", "CPU all-reduce ok"], rows)
+        out += [""]
+    save = summary.get("save", {})
+    if save:
+        out += ["### NVIDIA-NeMo/RL#3624, scaled down", "", save["scale"], ""]
+        for label, result in save.items():
+            if label == "scale":
+                continue
+            rows = [
+                [r["rank"], r.get("default_group_timeout_s", "-"), r.get("save_seconds", "-"),
+                 f"`{r.get('save') or r.get('error')}`"]
+                for r in result["ranks"]
+            ]  # fmt: skip
+            out += [f"**{label}** ({result['seconds']:g} s)", ""]
+            out += [*_table(["rank", "default group's timeout (s)", "save (s)", "outcome"], rows), ""]
+    return "\n".join(out)
+
+
+# --- driver -------------------------------------------------------------------------------------------
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--rl-git", type=Path, help="NeMo RL's git directory (a bare mirror)")
-    source.add_argument(
-        "--rl-checkout", type=Path, help="a NeMo RL checkout at --rev (its submodule pin is read from --automodel-rev)"
-    )
+    parser.add_argument("--rl-git", type=Path, help="NeMo RL's git directory or a checkout of it")
     parser.add_argument("--rev", default="7ea279abf", help="the NeMo RL commit the series is against")
-    parser.add_argument("--automodel-git", type=Path, required=True, help="Automodel's git directory")
+    parser.add_argument("--automodel-git", type=Path, help="Automodel's git directory")
     parser.add_argument("--automodel-rev", help="the Automodel commit (default: NeMo RL's submodule pin)")
     parser.add_argument(
         "--python",
@@ -500,75 +884,75 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions" / "3.13.0" / "bin" / "python3.13"
         ),
     )
-    parser.add_argument("--project", type=Path, default=ROOT, help="the nemo-rl-shim checkout to install")
-    parser.add_argument("--work", type=Path, default=Path("/tmp/nemo-rl-check"), help="outside this project")
-    parser.add_argument("--steps", default="tests,ranks,preflight,bump")
+    parser.add_argument("--project", type=Path, default=ROOT, help="the nemo-rl-shim checkout preflight installs")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/nemo-rl-check"), help="outside this project; reused")
+    parser.add_argument("--steps", default="driver,tests,ranks,save,preflight,bump", help="series and env always run")
     parser.add_argument("--minutes", type=float, default=45.0)
-    parser.add_argument("--pytest-timeout", type=float, default=900)
+    parser.add_argument("--pytest-timeout", type=float, default=1200)
     parser.add_argument("--json", type=Path, help="write the summary here")
+    parser.add_argument("--markdown", type=Path, help="write the figures as markdown tables here")
+    parser.add_argument("--render", type=Path, help="only render --markdown from this summary JSON")
     args = parser.parse_args(argv)
-    if args.rl_checkout and not args.automodel_rev:
-        parser.error("--rl-checkout needs --automodel-rev (NeMo RL's 3rdparty/Automodel-workspace/Automodel commit)")
+    if not args.render and not (args.rl_git and args.automodel_git):
+        parser.error("--rl-git and --automodel-git are required (unless --render)")
     if ROOT in args.work.resolve().parents or args.work.resolve() == ROOT:
         parser.error(f"--work must be outside this project, got {args.work}")
+    unknown = set(args.steps.split(",")) - {"driver", "tests", "ranks", "save", "preflight", "bump", ""}
+    if unknown:
+        parser.error(f"--steps: unknown step(s) {sorted(unknown)}")
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.render:
+        text = render_markdown(json.loads(args.render.read_text()))
+        args.markdown.write_text(text) if args.markdown else print(text)
+        return 0
     work = args.work.resolve()
     work.mkdir(parents=True, exist_ok=True)
     steps = set(args.steps.split(","))
-    summary: dict[str, Any] = {"series": [p.name for p in SERIES]}
+    summary: dict[str, Any] = {"started": time.strftime("%Y-%m-%d %H:%M:%S")}
     problems: list[str] = []
-    log("trees: unpatched, tests-only, patched")
-    for tree in ("unpatched", "tests-only", "patched"):
-        export_tree(args, work / tree)
-    apply_series(work / "tests-only", [TEST_PATCH])
-    apply_series(work / "patched", SERIES)
-    log("environment")
-    summary["environment"] = build_env(args, work)
-    if "tests" in steps:
-        summary["tests"] = tests_step(work, args.pytest_timeout)
-        problems += tests_verdict(summary["tests"])
-    if "ranks" in steps:
-        summary["ranks"] = {}
-        for tree in ("unpatched", "patched"):
-            for offload in (False, True):
-                label = f"{tree}, cpu_offload {'on' if offload else 'off'}"
-                log(f"4 ranks: {label}")
-                result = ranks_run(work, work / tree, offload, args.minutes, timeout=300)
-                lines, rank_problems = ranks_table(result, args.minutes)
-                summary["ranks"][label] = {"seconds": result["seconds"], "table": lines, "problems": rank_problems}
-                if tree == "patched":
-                    problems += [f"{label}: {p}" for p in rank_problems]
-    if "preflight" in steps:
-        rc, out, seconds = run(
-            [
-                str(work / "env" / "bin" / "nemo-rl-shim"),
-                "preflight",
-                "--timeout-minutes",
-                f"{args.minutes:g}",
-                "--nproc",
-                "4",
-                "--tp",
-                "2",
-            ],
-            timeout=600,
-        )
-        summary["preflight"] = {"rc": rc, "seconds": round(seconds, 1), "output": out.strip().splitlines()[-40:]}
-        if rc != 0:
-            problems.append(f"preflight exited {rc}")
-    if "bump" in steps:
-        summary["bump"] = bump_step(work)
-        before = [b["key"] for b in summary["bump"]["unpatched"]]
-        after = [b["key"] for b in summary["bump"]["patched"]]
-        if after != before:
-            problems.append(f"the series changes the bump's blockers: {before} unpatched, {after} patched")
+    start = time.monotonic()
+
+    def step(name: str, call: Any) -> None:
+        log(name)
+        began = time.monotonic()
+        try:
+            result, found = call()
+        except Exception as e:  # a step that cannot run is a failure, never a pass
+            result, found = {"error": f"{type(e).__name__}: {e}"}, [f"{name}: could not run: {type(e).__name__}: {e}"]
+        summary[name] = result
+        summary.setdefault("step seconds", {})[name] = round(time.monotonic() - began, 1)
+        problems.extend(found)
+
+    step("series", lambda: series_step(args, work))
+    step("env", lambda: env_step(args, work))
+    if "error" not in summary["series"] and "error" not in summary["env"]:
+        if "driver" in steps:
+            step("driver", lambda: driver_step(work))
+        if "tests" in steps:
+            step("tests", lambda: tests_step(work, args.pytest_timeout))
+        if "ranks" in steps:
+            step("ranks", lambda: ranks_step(work, args.minutes))
+        if "save" in steps:
+            step("save", lambda: save_step(work))
+        if "preflight" in steps:
+            step("preflight", lambda: preflight_step(args, work))
+        if "bump" in steps:
+            step("bump", lambda: bump_step(work))
+        after = absent_from(work / "env", "nemo_rl_shim")
+        summary["this project still absent from NeMo RL's environment"] = after["nemo_rl_shim"]
+        if not after["nemo_rl_shim"]:
+            problems.append("a step left this project importable in NeMo RL's environment")
+    summary["seconds"] = round(time.monotonic() - start, 1)
     summary["problems"] = problems
-    text = json.dumps(summary, indent=1)
+    text = json.dumps(summary, indent=1, default=sorted)
     if args.json:
         args.json.write_text(text)
+    if args.markdown:
+        args.markdown.write_text(render_markdown(summary))
     print(text)
     return 1 if problems else 0
 

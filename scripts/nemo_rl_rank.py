@@ -1,9 +1,20 @@
 """One rank of NeMo RL's own ``setup_distributed``, called for real on CPU; started by ``scripts/nemo_rl_check.py``.
 
-Runs in NeMo RL's environment (its source on ``sys.path``), under ``RANK``, ``WORLD_SIZE``,
-``MASTER_ADDR`` and ``MASTER_PORT`` as a launcher sets them. Writes ``rank<N>.json``: every process
-group of both meshes, its ranks, each device's backend and timeout as that backend reports it, and
-whether an all-reduce of a CPU tensor on it succeeds.
+Runs in NeMo RL's environment (its source on ``sys.path``, this project not installed), under
+``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` as a launcher sets them. Writes
+``rank<N>.json``. Two modes:
+
+* ``groups``: set-up, then the worker's replica group made as the worker makes it after set-up
+  (``DTensorPolicyWorkerV2Impl._get_replica_group``, NeMo RL's own method), then EVERY process
+  group torch holds (``distributed_c10d._world.pg_map``): its description, ranks, each device's
+  backend and timeout as that backend reports it, how many distinct backend objects it has, and
+  whether an all-reduce of a CPU tensor on it succeeds.
+* ``save`` (NVIDIA-NeMo/RL#3624, scaled down): torch's default timeout is scaled by ``--scale``
+  (30 min becomes ``30 * scale`` minutes), then set-up, then Automodel's own
+  ``consolidate_safetensors_files_on_every_rank`` at the pin, whose last step is ``dist.barrier()``
+  on the default group. Its file work is replaced by a sleep of ``--save-seconds`` on rank 0 (the
+  one rank that owns the only output file), standing in for the 35-45 min NFS write: the other
+  ranks wait in that barrier. Reports, per rank, whether the save completed and how long it took.
 
 The one boundary this machine lacks is NCCL (no GPU). Only its name is swapped, at the two places
 NeMo RL passes it:
@@ -16,7 +27,7 @@ NeMo RL passes it:
   so a timeout that reached only one half would read as reaching both.)
 * ``FSDP2Config(backend="nccl")``: ``"gloo"``, so Automodel builds the mesh on the ``cpu`` device type.
 
-Everything else is real: NeMo RL's code, the pinned Automodel, torch's Gloo, the shim.
+Everything else is real: NeMo RL's code, the pinned Automodel, torch's Gloo.
 """
 
 from __future__ import annotations
@@ -26,7 +37,9 @@ import datetime
 import json
 import os
 import sys
+import time
 import traceback
+import types
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +49,6 @@ import torch.distributed as dist
 __all__ = ["main"]
 
 STANDIN = "nccl_standin"
-_FLATTENED = ("dp", "dp_cp", "dp_shard_cp")
 
 
 def _standin(store: Any, rank: int, size: int, timeout: datetime.timedelta) -> Any:
@@ -64,7 +76,7 @@ def _install_swaps(setup: Any) -> None:
 
 
 def _config(minutes: float | None, cpu_offload: bool, tp: int) -> dict[str, Any]:
-    config: dict[str, Any] = {
+    return {
         "dtensor_cfg": {
             "enabled": True,
             "_v2": True,
@@ -75,39 +87,28 @@ def _config(minutes: float | None, cpu_offload: bool, tp: int) -> dict[str, Any]
             "sequence_parallel": False,
             "activation_checkpointing": False,
         },
+        "automodel_cfg": {"distributed_timeout_minutes": minutes},
     }
-    config["automodel_cfg"] = {"distributed_timeout_minutes": minutes}
-    return config
 
 
 def _runtime_config(setup: Any, cpu_offload: bool) -> Any:
-    fields = setup.RuntimeConfig._fields
-    values = {name: None for name in fields}
+    values = {name: None for name in setup.RuntimeConfig._fields}
     values.update(dtype=torch.float32, cpu_offload=cpu_offload, enable_seq_packing=False, is_reward_model=False)
     return setup.RuntimeConfig(**values)
 
 
-def _groups(device_mesh: Any, moe_mesh: Any) -> dict[str, Any]:
-    groups = {"default": dist.group.WORLD}
-    for name in (*device_mesh.mesh_dim_names, *_FLATTENED):
-        groups[name] = device_mesh[name].get_group()
-    if moe_mesh is not None:
-        for name in moe_mesh.mesh_dim_names:
-            groups[f"moe.{name}"] = moe_mesh[name].get_group()
-    return groups
-
-
 def _read(group: Any) -> dict[str, Any]:
+    """One group as its backends report it, and a CPU all-reduce on it."""
     config = dist.get_backend_config(group)
-    devices = [part.split(":")[0] for part in config.split(",")] if ":" in config else ["cpu"]
     timeouts, objects = {}, {}
-    for device in devices:
-        backend = group._get_backend(torch.device(device))
-        timeouts[device] = backend.options._timeout.total_seconds() / 60
-        objects[device] = id(backend)
+    for device in group._device_types:
+        backend = group._get_backend(device)
+        timeouts[device.type] = backend.options._timeout.total_seconds() / 60
+        objects[device.type] = id(backend)
     tensor = torch.ones(1)
     dist.all_reduce(tensor, group=group)
     return {
+        "desc": group.group_desc,
         "ranks": dist.get_process_group_ranks(group),
         "backend": config,
         "timeout_min": timeouts,
@@ -120,38 +121,77 @@ def _full_tensor(device_mesh: Any) -> bool:
     """A dp-sharded CPU DTensor's ``full_tensor()``: an all-gather on the dp group's CPU half."""
     from torch.distributed.tensor import Shard, distribute_tensor
 
-    mesh = device_mesh["dp"]
-    sharded = distribute_tensor(torch.arange(8.0).reshape(8, 1).repeat(1, 2), mesh, [Shard(0)])
-    return bool(torch.equal(sharded.full_tensor(), torch.arange(8.0).reshape(8, 1).repeat(1, 2)))
+    expected = torch.arange(8.0).reshape(8, 1).repeat(1, 2)
+    sharded = distribute_tensor(expected.clone(), device_mesh["dp"], [Shard(0)])
+    return bool(torch.equal(sharded.full_tensor(), expected))
+
+
+def _groups_mode(setup: Any, args: argparse.Namespace, report: dict[str, Any]) -> None:
+    context = setup.setup_distributed(
+        _config(args.minutes, args.cpu_offload, args.tp), _runtime_config(setup, args.cpu_offload)
+    )
+    # The worker's replica group, made by NeMo RL's own method after set-up, as the data plane does.
+    from nemo_rl.models.policy.workers.dtensor_policy_worker_v2 import DTensorPolicyWorkerV2Impl
+
+    replica = DTensorPolicyWorkerV2Impl._get_replica_group(types.SimpleNamespace(device_mesh=context.device_mesh))
+    report["replica_desc"] = replica.group_desc
+    report["groups"] = [_read(group) for group in list(dist.distributed_c10d._world.pg_map)]
+    report["full_tensor_ok"] = _full_tensor(context.device_mesh)
+    report["sizes"] = {"dp": context.dp_size, "tp": context.tp_size, "cp": context.cp_size}
+
+
+def _save_mode(setup: Any, args: argparse.Namespace, report: dict[str, Any]) -> None:
+    from nemo_automodel.components.checkpoint._backports import consolidate_hf_safetensors as consolidate
+
+    # torch's defaults, scaled: init_process_group reads this when no timeout is given.
+    default = dist.distributed_c10d.default_pg_timeout
+    dist.distributed_c10d.default_pg_timeout = datetime.timedelta(seconds=default.total_seconds() * args.scale)
+    setup.setup_distributed(_config(args.minutes, True, args.tp), _runtime_config(setup, True))
+    report["default_group_timeout_s"] = dist.group.WORLD._get_backend(torch.device("cpu")).options._timeout.seconds
+
+    def write_slowly(**kwargs: Any) -> None:  # rank 0's file work: the slow NFS write, scaled
+        time.sleep(args.save_seconds)
+
+    consolidate._consolidate_safetensors_files = write_slowly
+    consolidate._write_overall_metadata_file_from_shards = lambda *a, **k: None
+    dist.barrier()  # the ranks start the save together
+    start = time.monotonic()
+    try:
+        # One output file (index 0), so rank 0 does all the writing; then dist.barrier() on the default group.
+        consolidate.consolidate_safetensors_files_on_every_rank("in", "out", {"model.weight": 0})
+        report["save"] = "completed"
+    except Exception as e:  # the failure #3624 reports: the barrier times out while rank 0 still writes
+        report["save"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+    report["save_seconds"] = round(time.monotonic() - start, 1)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--minutes", type=float, default=45.0)
+    parser.add_argument("--mode", choices=("groups", "save"), default="groups")
+    parser.add_argument("--minutes", type=lambda v: None if v == "null" else float(v), default=45.0)
     parser.add_argument("--cpu-offload", action="store_true")
     parser.add_argument("--tp", type=int, default=2)
+    parser.add_argument("--scale", type=float, default=1 / 120, help="save mode: torch's default timeout x this")
+    parser.add_argument("--save-seconds", type=float, default=20.0, help="save mode: rank 0's write")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     rank = int(os.environ["RANK"])
-    report: dict[str, Any] = {"rank": rank, "cpu_offload": args.cpu_offload}
+    report: dict[str, Any] = {"rank": rank, "mode": args.mode, "cpu_offload": args.cpu_offload or args.mode == "save"}
     try:
         import nemo_rl.models.automodel.setup as setup
 
         _install_swaps(setup)
-        context = setup.setup_distributed(
-            _config(args.minutes, args.cpu_offload, args.tp), _runtime_config(setup, args.cpu_offload)
-        )
-        report["groups"] = {
-            name: _read(group) for name, group in _groups(context.device_mesh, context.moe_mesh).items()
-        }
-        report["full_tensor_ok"] = _full_tensor(context.device_mesh)
-        report["sizes"] = {"dp": context.dp_size, "tp": context.tp_size, "cp": context.cp_size}
-        dist.barrier()
-        dist.destroy_process_group()
+        if args.mode == "groups":
+            _groups_mode(setup, args, report)
+            dist.barrier()
+        else:
+            _save_mode(setup, args, report)
     except Exception as e:  # reported, so the driver names the rank and what failed
         report["error"] = f"{type(e).__name__}: {e}"
         report["traceback"] = traceback.format_exc()
     (args.out / f"rank{rank}.json").write_text(json.dumps(report, indent=1))
+    if dist.is_initialized() and args.mode == "groups" and "error" not in report:
+        dist.destroy_process_group()
     return 1 if "error" in report else 0
 
 

@@ -29,7 +29,15 @@ TIMEOUT = 45
 KEEP, CPU_MESH = "keep-cpu-backend", "cpu-mesh-timeout"
 LEGACY_REASON = "has no MeshContext.build(timeout_minutes=): every sub-group gets the timeout right after the build"
 #: Default-group backends a legacy pin is decided for in its own process (tests.ranks.set_up.legacy_pin).
-LEGACY_BACKENDS = ["gloo", "nccl", "cuda:nccl,cpu:gloo", "mpi", "cuda:ucc,cpu:gloo"]
+LEGACY_BACKENDS = [
+    "gloo",
+    "nccl",
+    "cuda:nccl,cpu:gloo",
+    "cuda:nccl-legacy,cpu:gloo",
+    "nccl2",
+    "mpi",
+    "cuda:ucc,cpu:gloo",
+]
 #: torch's default for Gloo groups, which is all a CPU-only machine builds.
 GLOO_DEFAULT_MINUTES = 30.0
 LEGACY_SCENARIOS = [
@@ -213,7 +221,7 @@ def test_legacy_pin_setup_distributed_on_two_gloo_ranks(version: str, legacy_set
 def test_legacy_pin_default_group_only_where_a_backend_has_no_timeout_setter(version: str, legacy_setup) -> None:
     """Decided in the legacy release's own process for each default-group backend."""
     decisions = legacy_setup(version)[0]["decisions"]
-    for backend in ("gloo", "nccl", "cuda:nccl,cpu:gloo"):
+    for backend in ("gloo", "nccl", "cuda:nccl,cpu:gloo", "cuda:nccl-legacy,cpu:gloo", "nccl2"):  # torch 2.15's names
         row = decisions[backend]
         assert (row["action"], row["every_group"], row["warning"]) == (Action.SET_AFTER_BUILD.value, True, None), row
     for backend, unsettable in (("mpi", "mpi"), ("cuda:ucc,cpu:gloo", "ucc")):

@@ -184,6 +184,19 @@ def test_a_group_made_later_gets_the_followed_value(world) -> None:
     assert _seconds(dist.new_group(backend="gloo")) == {STARTUP_S}
 
 
+@pytest.mark.parametrize("milliseconds", [4001, 4002, 4054, 4055, 4_123, 2_700_001])
+def test_a_group_made_later_reads_the_followed_value_to_the_millisecond(world, milliseconds: int) -> None:
+    """A learned value such as 4.055 s: torch 2.15 truncates a new group's timeout through a float (4.054 s
+    without :data:`~nemo_rl_shim.every_group.CREATION_SLACK`), and the group would no longer follow."""
+    followed = S(milliseconds=milliseconds)
+    every_group.follow(followed, {"default": dist.group.WORLD})
+    later = dist.new_group()
+    assert set(backend_timeouts(later).values()) == {followed}
+    assert set(every_group.group_sources(later).values()) == {every_group.TimeoutSource.CONFIGURED}
+    assert after_first_step(world) is True  # it follows the steady value like every other group
+    assert _seconds(later) == {STEADY_S}
+
+
 def test_own_timeouts_are_kept_through_every_phase(world) -> None:
     every_group.follow(S(seconds=STARTUP_S), {"default": dist.group.WORLD})
     own = dist.new_group(timeout=S(seconds=OWN_S))

@@ -166,6 +166,8 @@ def test_configure_never_overrides_a_variable_the_user_set(tmp_path: Path, pair:
     env = {name: "users-value"}
     applied = configure(FlightRecorderSettings(tmp_path, 50), env)
     assert env[name] == "users-value"
+    if name == "TORCH_FR_DUMP_ON_TIMEOUT":  # copied to the one name stock NCCL reads (torch 2.15's hook reads both)
+        assert applied.pop("TORCH_NCCL_DUMP_ON_TIMEOUT") == "users-value"
     assert not set(ENV_PAIRS[pair]) & set(applied), f"set {applied} although the user set {name}"
     assert len(applied) == len(ENV_PAIRS) - 1
 

@@ -60,7 +60,7 @@ def test_a_batchs_ops_take_the_state_of_its_coalesced_entry(scenarios) -> None:
     assert {(e.op, e.peer, e.seq, e.batched) for e in pending} == {("send", 2, 3, True), ("recv", 0, 3, True)}
     # rank 0's batch of the same round completed: its ops read as done, though each op's own entry says scheduled
     assert dumps[0].pending_p2p == []
-    assert dumps[0].p2p_last[("0", "send", 1)].done
+    assert dumps[0].p2p_last[(("0", "nccl"), "send", 1)].done
 
 
 def test_pg_status_is_a_hint_never_an_override(scenarios) -> None:
@@ -239,3 +239,122 @@ def test_json_first_line_and_exit_agree(scenarios, capfd) -> None:
     payload = json.loads(capfd.readouterr().out)
     assert payload["line"] == payload["findings"][0]["line"] and payload["findings"][0]["kind"] == "p2p"
     assert payload["findings"][0]["ranks"] == [2] and payload["findings"][0]["waiting"] == [3]
+
+
+# --- the survivors of #27's mutation audit: each rule on its own ----------------------------------------------------
+
+
+def _kinds(report: hang_report.HangReport) -> list[tuple[str, list[int], list[int]]]:
+    return [(f.kind, f.ranks, f.waiting) for f in report.findings]
+
+
+def test_the_pipeline_stall_blames_the_middle_stage_not_rank_0(scenarios) -> None:
+    """#27's "Why": rank 0's batch completed (before rank 1 posted), rank 1's stays started only because its send
+    half has no receiver. The counts say rank 0 sent rank 1 its third message; rank 2 posted two of three."""
+    report = _report(scenarios["pipeline_stall"])
+    assert _kinds(report) == [("p2p", [2], [1, 3])], [f.line() for f in report.findings]
+    dumps = report.dumps
+    assert dumps[0].pending_p2p == [] and {(e.op, e.peer) for e in dumps[1].pending_p2p} == {("recv", 0), ("send", 2)}
+    assert dumps[0].p2p_count[(("0", "nccl"), "send", 1)] == 3 and dumps[2].p2p_count[(("0", "nccl"), "recv", 1)] == 2
+
+
+def test_a_p2p_stall_on_a_sub_group_maps_group_ranks_to_global_ones(scenarios) -> None:
+    """pp {1, 3}: rank 3 is group rank 1, its peer rank 1 is group rank 0 (a global 0 would be another rank); on
+    pp {0, 2} both sides posted and are pending: neither is blamed, the pair is named unfinished."""
+    report = _report(scenarios["sub_group_p2p"])
+    assert _kinds(report) == [("p2p", [1], [3]), ("not finished", [0, 2], [])], [f.line() for f in report.findings]
+    assert report.findings[0].group.ranks == (1, 3) and report.findings[1].group.ranks == (0, 2)
+
+
+def test_both_sides_pending_blames_neither_and_the_newest_op_decides(scenarios) -> None:
+    """Wrapped buffers (the counts are not whole): rank 0's buffer holds finished sends to rank 1 and, newest, the
+    pending one; rank 1 waits in the matching receive. Both posted: neither is blamed."""
+    report = _report(scenarios["p2p_both_pending_wrapped"])
+    assert all(report.dumps[r].wrapped for r in (0, 1))
+    assert report.dumps[0].p2p_last[(("0", "nccl"), "send", 1)].state == "started"
+    assert _kinds(report) == [("not finished", [0, 1], [])], [f.line() for f in report.findings]
+
+
+def test_a_peers_wrapped_buffer_that_cannot_tell_blames_nobody(scenarios) -> None:
+    report = _report(scenarios["p2p_unclear"])
+    assert report.dumps[2].wrapped and not report.dumps[3].wrapped
+    assert _kinds(report) == [("unclear", [], [3])], [f.line() for f in report.findings]
+    assert report.exit_code == hang_report.EXIT_FOUND, "someone waits: never 'every rank agrees'"
+
+
+def test_the_culprit_comes_before_its_waiting_peers_in_a_cascade(scenarios) -> None:
+    """The dp peers entered dp #3 before ranks 8-10 entered tp #3: by time alone a victim would come first."""
+    report = _report(scenarios["cascade_order"])
+    culprits = [f for f in report.findings if f.ranks == [11]]
+    victims = [f for f in report.findings if f.ranks and f.ranks[0] in (8, 9, 10)]
+    assert len(culprits) == 2 and len(victims) == 3, [f.line() for f in report.findings]
+    assert min(v.created_ns for v in victims) < min(c.created_ns for c in culprits), "the victims waited first"
+    assert report.findings[:2] == culprits, [f.line() for f in report.findings]
+
+
+def test_a_two_against_two_mismatch_names_every_rank(scenarios) -> None:
+    report = _report(scenarios["mismatch_tie"])
+    assert report.findings[0].kind == "mismatch" and report.findings[0].ranks == [0, 1, 2, 3]
+
+
+def test_a_silent_rank_whose_buffer_did_not_wrap_is_behind(scenarios) -> None:
+    """Rank 3's oldest entry is newer than tp #1, but its buffer holds every op it made: it did not enter."""
+    report = _report(scenarios["behind_unwrapped"])
+    tp = next(g for g in report.groups if g.ranks == (2, 3))
+    assert not report.dumps[3].wrapped and report.dumps[3].recorder("nccl").oldest_ns > tp.entries[2].created_ns
+    assert tp.out_of_reach == [] and report.findings[0].ranks == [3]
+
+
+def test_a_buffer_wrapped_by_one_entry_is_wrapped(scenarios) -> None:
+    """The oldest entry's record_id is exactly 1 (one entry overwritten): rank 3 is out of reach of tp #1."""
+    raw = pickle.loads((scenarios["wrapped_by_one"] / "nccl_trace_rank_3").read_bytes())
+    assert raw["entries"][0]["record_id"] == 1
+    report = _report(scenarios["wrapped_by_one"])
+    assert report.dumps[3].wrapped and not report.dumps[2].wrapped
+    tp = next(g for g in report.groups if g.ranks == (2, 3))
+    assert tp.out_of_reach == [3] and report.exit_code == hang_report.EXIT_AGREE
+
+
+def test_a_coalesced_collective_reads_as_its_closer(scenarios) -> None:
+    """Each op of a coalesced collective stays 'scheduled'; its closer completed: the collective finished."""
+    raw = pickle.loads((scenarios["coalesced_healthy"] / "nccl_trace_rank_0").read_bytes())
+    assert [e["state"] for e in raw["entries"][:3]] == ["scheduled", "scheduled", "completed"]
+    report = _report(scenarios["coalesced_healthy"])
+    assert report.exit_code == hang_report.EXIT_AGREE and report.dumps[0].last[("0", "nccl")].op == "coalesced"
+
+
+def test_the_prefix_in_effect_wins_over_torchs_default_beside_it(scenarios, tmp_path, monkeypatch) -> None:
+    """A folder with this run's dumps under TORCH_FR_DUMP_TEMP_FILE's prefix and another run's under torch's
+    default name: the prefix in effect is read."""
+    for path in scenarios["sub_group_stall"].iterdir():
+        (tmp_path / path.name.replace("nccl_trace_rank_", "job7_rank")).write_bytes(path.read_bytes())
+    for path in scenarios["healthy"].iterdir():
+        (tmp_path / path.name).write_bytes(path.read_bytes())
+    monkeypatch.setenv("TORCH_FR_DUMP_TEMP_FILE", "/scratch/fr/job7_rank")
+    report = _report(tmp_path)
+    assert {d.path.name for d in report.dumps.values()} == {f"job7_rank{r}" for r in range(4)}
+    assert report.findings[0].ranks == [3]
+
+
+def test_a_collective_waited_in_beyond_a_wrapped_buffers_reach_is_unclear_never_agreed(tmp_path) -> None:
+    """Ranks 2-3 wait in all_reduce #3 on {0-3}; ranks 0-1 then ran 30 collectives on {0, 1} and their 20-entry
+    buffers no longer reach #3: nobody is named, and the report does not say every rank agrees."""
+    pair = Group("1", "mesh_dp", (0, 1))
+    clock = Clock()
+    ranks = [Rank(r, [DEFAULT4, pair] if r < 2 else [DEFAULT4], clock, timing=True) for r in range(4)]
+    for step in range(3):
+        for rank in ranks:
+            rank.collective(DEFAULT4, state="started" if step == 2 and rank.rank >= 2 else "completed")
+        clock.settle()
+    for _ in range(30):
+        for rank in ranks[:2]:
+            rank.collective(pair)
+        clock.settle()
+    for rank in ranks:
+        write(tmp_path, rank, buffer=20)
+    report = _report(tmp_path)
+    default = next(g for g in report.groups if g.name == "0")
+    assert default.out_of_reach == [0, 1]
+    assert _kinds(report) == [("unclear", [], [2, 3])], [f.line() for f in report.findings]
+    assert report.line.startswith("ranks 2-3 waited in all_reduce #3 on default, ranks 0-3, and the buffers of ranks")
+    assert report.exit_code == hang_report.EXIT_FOUND

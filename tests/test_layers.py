@@ -70,7 +70,7 @@ GRAPH = {module: _imports(module) for module in MODULES}
 LIBRARY_LAYERS: tuple[frozenset[str], ...] = tuple(
     frozenset(f"nemo_rl_shim.{name}" for name in floor.split())
     for floor in (
-        "integers error_line groups process_group",  # no import of the shim
+        "integers error_line groups process_group stack_watchdog",  # no import of the shim; the stack watch
         "config rank_ranges",  # the knob's values; a list of ranks as a person reads it
         "every_group flight_recorder learning",  # every group torch holds and the value later ones get; the recorder;
         # the learned timeouts' rule and state (no torch)

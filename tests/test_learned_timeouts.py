@@ -35,7 +35,8 @@ PARAMS = {
 STARTUP_S = PARAMS["startup"] * 60
 #: torch keeps whole milliseconds, and the rule rounds to them: a learned value is exact to 1 ms.
 MS = 0.001
-#: Until issue 26 (groups made after set-up follow the timeouts) is merged, set_timeouts reaches the run's meshes only.
+
+
 @pytest.fixture(scope="module")
 def ranks() -> list[dict[str, Any]]:
     results = spawn_ranks(

@@ -214,7 +214,12 @@ def _hang_report(args: argparse.Namespace, out: TextIO) -> int:
     from nemo_rl_shim.cli import hang_report
 
     code, text = hang_report.main(args.dir, as_json=args.json, with_torch=args.torch_analyzer)
-    print(text, file=sys.stderr if code == hang_report.EXIT_UNREADABLE else out)
+    if not args.json:
+        print(text, file=sys.stderr if code == hang_report.EXIT_UNREADABLE else out)
+        return code
+    print(text, file=out)  # JSON on every path; the one line on stderr too where the dumps cannot be read
+    if code == hang_report.EXIT_UNREADABLE:
+        print(json.loads(text)["line"], file=sys.stderr)
     return code
 
 

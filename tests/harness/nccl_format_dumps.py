@@ -21,6 +21,11 @@ Our own builder, not torch's code and not the shim's writer. It follows:
 :class:`Rank` records one rank's ops in order, as ProcessGroupNCCL numbers them per group;
 :func:`write` pickles a rank's dump under a prefix (torch's default name, ``nccl_trace_rank_``).
 ``pg_status`` counts every op (p2p included) in ``last_*_collective``, as NCCL's counters do.
+
+``Rank(lib="nccl2")`` writes what torch 2.15's ``FlightRecorderHook`` records for a hooked backend (plain
+``"nccl"``, ``ProcessGroupNCCL2``), from torch/csrc/distributed/c10d/hooks/FlightRecorderHook.cpp: profiling
+names ``"nccl2:<op>"`` (the backend's own name), every op of a ``batch_isend_irecv`` its own entry with its own
+p2p number (the hook counts per op) and no ``coalesced`` entry, each op retired by its own completion.
 """
 
 from __future__ import annotations
@@ -91,6 +96,7 @@ class Rank:
     clock: Clock
     timing: bool = False  # TORCH_NCCL_ENABLE_TIMING: "started" states and durations
     frames: bool = True  # includeStackTraces, the watchdog's default
+    lib: str = "nccl"  # the recorder: "nccl" (ProcessGroupNCCL's own), "nccl2" (torch 2.15's hook)
     entries: list[dict[str, Any]] = field(default_factory=list)
     _coll: dict[str, int] = field(default_factory=dict)
     _p2p: dict[str, int] = field(default_factory=dict)
@@ -116,7 +122,7 @@ class Rank:
             collective_seq_id=0,
             p2p_seq_id=0,
             op_id=self._op_id[group.name],
-            profiling_name=_fresh(f"nccl:{name}"),
+            profiling_name=_fresh(f"{self.lib}:{name}"),
             time_created_ns=created,
         )
         if self.timing and state == "completed":
@@ -168,8 +174,26 @@ class Rank:
         self.entries.append(entry)
         return self._p2p[group.name]
 
+    def coalesced(self, group: Group, ops: list[str], state: str = "completed") -> int:
+        """A coalesced collective (``_coalescing_manager``, ``allreduce_coalesced``): an entry per op, each
+        'scheduled', under one collective number, then the ``coalesced`` closer, which carries the state."""
+        self._coll[group.name] = self._coll.get(group.name, 0) + 1
+        for op in ops:
+            entry = self._base(group, op, [[4]], "scheduled", False)
+            entry["collective_seq_id"] = self._coll[group.name]
+            self.entries.append(entry)
+        closer = self._base(group, "coalesced", [], state, False)
+        closer["collective_seq_id"] = self._coll[group.name]
+        self.entries.append(closer)
+        return self._coll[group.name]
+
     def batch(self, group: Group, ops: list[tuple[str, int]], state: str = "completed") -> int:
-        """A ``batch_isend_irecv`` of ``[("send"|"recv", global peer), ...]``: an entry per op, then the closer."""
+        """A ``batch_isend_irecv`` of ``[("send"|"recv", global peer), ...]``: an entry per op, then the closer
+        (``lib="nccl2"``: an entry per op, each with its own number and ``state``, no closer)."""
+        if self.lib != "nccl":
+            for kind, peer in ops:
+                (self.send if kind == "send" else self.recv)(group, peer, state)
+            return self._p2p[group.name]
         self._p2p[group.name] = self._p2p.get(group.name, 0) + 1
         me = group.group_rank(self.rank)
         for kind, peer in ops:

@@ -2,24 +2,29 @@
 
 The first line names the rank(s) that did not enter, or did not finish, the collective or the
 point-to-point op the others waited in: the group as its mesh axes and ranks, the op, its sequence
-number, and how long the others waited. Then the groups by shape, the other findings, the dumps,
-and what torch's own analyzer made of them.
+number; then, where that rank left a stack file, its innermost frame in user code; then how long, and
+where, the others waited. Then the groups by shape, the other findings, the stacks (identical ones
+grouped, the outliers first), the dumps, and what torch's own analyzer made of them.
 
 Split by job, as torch's own ``flight_recorder/`` keeps loader, builder and types apart:
-:mod:`.loader` (finding and reading the dumps), :mod:`.analysis` (who did not join),
-:mod:`.torch_analyzer` (torch's analyzer, one line whatever it does) and :mod:`.render`
-(text and JSON). This module is the command.
+:mod:`.loader` (finding the dumps, reading many in processes), :mod:`.dump_format` (torch's dump format,
+read as untrusted input through :mod:`.safe_pickle`), :mod:`.records` (the typed records), :mod:`.world`
+(the run's ranks, from the dumps' own records), :mod:`.analysis` (who did not join),
+:mod:`.torch_analyzer` (torch's analyzer, one line whatever it does), :mod:`.stacks` (the stack files),
+:mod:`.where` (the first line, with places) and :mod:`.render` (text and JSON). This module is the command.
 
-Exit codes: 0 every rank agrees; 1 a stall, an unfinished collective or p2p op, a mismatch or a
-missing dump; 2 a folder or file that cannot be read, or dumps that hold no entry to compare (one
-line on stderr).
+Exit codes: 0 every rank agrees; 1 a stall, an unfinished collective or p2p op, a mismatch, a missing
+dump, or a stack written (a rank stayed in a watched block past its deadline); 2 a folder or file that
+cannot be read, a dump that is malformed or refused (it would run code), dumps that disagree on the world,
+or dumps that hold no entry to compare (one line on stderr naming the file; with ``--json`` the same line
+in a JSON object on stdout too).
 """
 
 from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +32,8 @@ from nemo_rl_shim.cli.hang_report import torch_analyzer
 from nemo_rl_shim.cli.hang_report.analysis import Analysis, Finding, GroupState, analyse
 from nemo_rl_shim.cli.hang_report.loader import DumpError, RankDump, load_dumps
 from nemo_rl_shim.cli.hang_report.render import render_text, report_json
+from nemo_rl_shim.cli.hang_report.stacks import RankStack, load_stacks
+from nemo_rl_shim.cli.hang_report.where import finding_line, stalled_line
 from nemo_rl_shim.flight_recorder import DUMP_FILE_NAME
 from nemo_rl_shim.rank_ranges import format_ranks
 
@@ -40,6 +47,7 @@ __all__ = [
     "GroupState",
     "HangReport",
     "RankDump",
+    "RankStack",
     "build_report",
     "main",
     "preflight_summary",
@@ -52,11 +60,12 @@ EXIT_AGREE, EXIT_FOUND, EXIT_UNREADABLE = 0, 1, 2
 
 @dataclass
 class HangReport:
-    """What the dumps say: the analysis and torch's analyzer's outcome."""
+    """What the dumps say: the analysis, torch's analyzer's outcome, and the ranks' stack files."""
 
     directory: Path
     analysis: Analysis
     torch: dict[str, Any]
+    stacks: dict[int, RankStack] = field(default_factory=dict)
 
     @property
     def dumps(self) -> dict[int, RankDump]:
@@ -80,18 +89,29 @@ class HangReport:
         return not any(d.n_entries for d in self.dumps.values())
 
     @property
+    def stalled(self) -> list[int]:
+        """Ranks whose stack was written: they stayed in a watched block past its deadline."""
+        return [rank for rank, stack in self.stacks.items() if stack.fired]
+
+    @property
     def exit_code(self) -> int:
-        if self.findings or self.missing:
+        if self.findings or self.missing or self.stalled:
             return EXIT_FOUND
         return EXIT_UNREADABLE if self.empty else EXIT_AGREE
 
     @property
     def line(self) -> str:
-        """The first line: who did not join, or that every rank agrees."""
+        """The first line: who did not join and where it is, or that every rank agrees."""
         if self.findings:
-            return self.findings[0].line()
+            return finding_line(self.findings[0], self.stacks)
+        places = stalled_line(self.stacks)
         if self.missing:
-            return f"no dump from rank{'s' * (len(self.missing) > 1)} {format_ranks(self.missing)}"
+            line = f"no dump from rank{'s' * (len(self.missing) > 1)} {format_ranks(self.missing)}"
+            return f"{line}; {places}" if places else line
+        if places:  # the dumps name no one, yet a rank stayed in its block: that rank comes first
+            if self.empty:
+                return f"{places}; the {len(self.dumps)} dumps hold no entry to compare"
+            return f"{places}; the {len(self.dumps)} dumps agree, every group at the same collective"
         if self.empty:
             return (
                 f"cannot tell: the {len(self.dumps)} dumps hold no entry (torch's Gloo recorder records no "
@@ -100,7 +120,7 @@ class HangReport:
         return f"every rank agrees: {len(self.dumps)} dumps, every group at the same collective"
 
     def to_json(self) -> dict[str, Any]:
-        return report_json(self.line, self.exit_code, self.analysis, self.directory, self.torch)
+        return report_json(self.line, self.exit_code, self.analysis, self.directory, self.torch, self.stacks)
 
 
 def build_report(directory: str | Path, *, with_torch: bool | None = None) -> HangReport:
@@ -115,20 +135,25 @@ def build_report(directory: str | Path, *, with_torch: bool | None = None) -> Ha
     if with_torch is None:
         with_torch = entries <= torch_analyzer.MAX_ENTRIES
     torch_facts = torch_analyzer.run(analysis.dumps) if with_torch else torch_analyzer.skipped(entries)
-    return HangReport(directory, analysis, torch_facts)
+    return HangReport(directory, analysis, torch_facts, load_stacks(directory))
 
 
 def render(report: HangReport) -> str:
     """The text ``nemo-rl-shim hang-report`` prints."""
-    return render_text(report.line, report.analysis, report.directory, report.torch)
+    return render_text(report.line, report.analysis, report.directory, report.torch, report.stacks)
 
 
 def main(directory: str, *, as_json: bool = False, with_torch: bool | None = None) -> tuple[int, str]:
-    """The command: ``(exit code, text)``; a :class:`DumpError` is ``(2, its one line)``."""
+    """The command: ``(exit code, text)``; a :class:`DumpError` is ``(2, its one line)``, or with ``as_json`` a JSON
+    object that carries it (``line``, ``exit_code``, ``error``), so that ``--json`` is JSON on every path."""
     try:
         report = build_report(directory, with_torch=with_torch)
     except DumpError as e:
-        return EXIT_UNREADABLE, f"hang-report: {e}"
+        line = f"hang-report: {e}"
+        if as_json:
+            payload = {"line": line, "exit_code": EXIT_UNREADABLE, "directory": str(directory), "error": str(e)}
+            return EXIT_UNREADABLE, json.dumps(payload, indent=2)
+        return EXIT_UNREADABLE, line
     text = json.dumps(report.to_json(), indent=2, default=str) if as_json else render(report)
     return report.exit_code, text
 

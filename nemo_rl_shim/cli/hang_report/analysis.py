@@ -1,7 +1,9 @@
 """Who did not join: every process group across the ranks' dumps, from each entry's own state.
 
-Pure functions of :class:`~nemo_rl_shim.cli.hang_report.loader.RankDump` s: nothing here touches
-torch.distributed. Per process group (keyed by the name torch gives it in every entry):
+Pure functions of :class:`~nemo_rl_shim.cli.hang_report.records.RankDump` s (none is changed: the analysis
+keeps copies without the signatures it merged), nothing here touches torch.distributed. Per process group,
+keyed by the name torch gives it in every entry and the recorder that numbered its ops (the Gloo and the NCCL
+half of a ``cpu:gloo,cuda:nccl`` group count apart):
 
 * **Collectives.** The highest sequence number a member entered is the collective the group is in.
   A member whose last number is lower did not enter it (a stall). Where the entries say whether
@@ -10,11 +12,15 @@ torch.distributed. Per process group (keyed by the name torch gives it in every 
   every member entered and none finished, is unfinished. ``pg_status`` never overrides an entry:
   NCCL counts p2p work in the same ``last_completed_collective``; it is kept as a hint.
 * **Wraparound.** A ring buffer keeps the newest entries, so a rank that recorded any op of a group
-  has its last one. A rank with none, whose buffer wrapped and whose oldest entry is newer than the
-  collective, cannot say whether it entered: it is *out of reach*, never *behind*.
-* **Point-to-point.** An unfinished ``send``/``recv`` (a batch's ops take the state of its
-  ``nccl:coalesced`` entry) is matched with the peer's newest opposite op toward this rank in the same
-  group: none, or one that finished before this op was posted, and the peer did not do its side.
+  has its last one. A rank with none, whose buffer (that recorder's) wrapped and whose oldest entry is newer
+  than the collective, cannot say whether it entered: it is *out of reach*, never *behind*.
+* **Point-to-point** (:func:`peer_posted`, the one rule). Sends and receives between two ranks of a group
+  meet in order: an unfinished op that is this rank's k-th of its kind toward a peer is met by the peer's
+  k-th opposite op. Where neither buffer wrapped the counts are exact, whatever the states say (a batch's
+  ``started`` state may come from its other half; torch 2.15's hook writes a batch's ops apart, without a
+  ``coalesced`` entry). Where one wrapped, the peer's newest opposite op decides: still waiting, or finished
+  after this op was posted, and the peer did its side; none, and its buffer still reaching back, and it did
+  not; none, and its buffer not reaching back that far, and nobody is blamed.
 * **Mismatch.** At one sequence number, the odd one out by op or sizes; a tie names every rank.
 * **Order of blame.** A mismatch first (what follows may be its consequence), then a rank with no
   dump, then the ranks that others wait on and that wait on no one, then their waiting peers.
@@ -23,19 +29,23 @@ torch.distributed. Per process group (keyed by the name torch gives it in every 
 from __future__ import annotations
 
 import array
+import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from nemo_rl_shim.cli.hang_report.loader import Entry, RankDump
+from nemo_rl_shim.cli.hang_report.dump_format import pg_status_of
+from nemo_rl_shim.cli.hang_report.records import Entry, GroupKey, RankDump
+from nemo_rl_shim.cli.hang_report.world import World, world_of
 from nemo_rl_shim.rank_ranges import format_ranks
 
-__all__ = ["Analysis", "Finding", "GroupState", "analyse", "axis_of", "pg_status_counts_done"]
+__all__ = ["Analysis", "Finding", "GroupState", "analyse", "axis_of", "peer_posted", "pg_status_counts_done"]
 
 #: Ops whose input sizes must agree on every rank (gather, scatter, all_to_all and p2p may differ).
 _SAME_SIZES = ("all_reduce", "allreduce", "broadcast", "reduce", "allgather", "all_gather", "reduce_scatter", "barrier")
-_PRIORITY = {"mismatch": 0, "missing": 1, "stall": 2, "p2p": 2, "not finished": 3}
+_PRIORITY = {"mismatch": 0, "missing": 1, "stall": 2, "p2p": 2, "not finished": 3, "unclear": 4}
 _OPPOSITE = {"send": "recv", "recv": "send"}
+_PAIR = "send/recv"  # the op of a finding on a send and its receive
 
 
 def axis_of(desc: str) -> str | None:
@@ -49,12 +59,15 @@ def axis_of(desc: str) -> str | None:
 
 @dataclass
 class GroupState:
-    """One process group across the ranks that dumped: who is at which collective."""
+    """One process group, as one recorder numbered its ops, across the ranks that dumped: who is at which
+    collective."""
 
     name: str
     ranks: Sequence[int]  # members, in group-rank order where torch or the shim gave it (a tuple once merged)
     axes: list[str]
     desc: str = ""
+    backend: str = ""  # the recorder (comm library) that numbered its ops: "nccl", "gloo", "nccl2"; "" for none
+    halves: bool = False  # other recorders number ops of the same group (a cpu:gloo,cuda:nccl group): label says
     last: dict[int, int] = field(default_factory=dict)  # rank -> last collective number entered (0: none)
     entries: dict[int, Entry] = field(default_factory=dict)  # rank -> that collective's entry
     missing: list[int] = field(default_factory=list)  # members without a dump
@@ -63,12 +76,18 @@ class GroupState:
     variants: dict[bytes, list[Any]] = field(default_factory=dict)
 
     @property
+    def key(self) -> GroupKey:
+        return (self.name, self.backend)
+
+    @property
     def label(self) -> str:
-        """``"dp_shard (also dp), ranks 0-7"``: the mesh axes first, the process-group name if none."""
+        """``"dp_shard (also dp), ranks 0-7"``: the mesh axes first, the process-group name if none; the recorder
+        where the group has several (``"default, ranks 0-3 (its gloo half)"``)."""
         axes = self.axes or [f"process group {self.name}"]
         more = f", +{len(axes) - 3} more" if len(axes) > 3 else ""
         also = f" (also {', '.join(axes[1:3])}{more})" if len(axes) > 1 else ""
-        return f"{axes[0]}{also}, ranks {format_ranks(self.ranks)}"
+        half = f" (its {self.backend} half)" if self.halves else ""
+        return f"{axes[0]}{also}, ranks {format_ranks(self.ranks)}{half}"
 
     @property
     def kind(self) -> str:
@@ -86,7 +105,7 @@ class GroupState:
 class Finding:
     """A stall, an unfinished collective or p2p op, a missing dump or a mismatch, on one group."""
 
-    kind: str  # "stall", "not finished", "missing", "mismatch", "p2p"
+    kind: str  # "stall", "not finished", "missing", "mismatch", "p2p", "unclear" (someone waits; no buffer tells who)
     group: GroupState
     ranks: list[int]  # the ranks named: the laggards, the missing, those that differ, or the peer that did not act
     seq: int
@@ -106,6 +125,10 @@ class Finding:
             return f"{who} did not enter {where}, in which {waiters}{waited}"
         if self.kind == "p2p":
             return f"{who} {self.detail} on {self.group.label}"
+        if self.kind == "unclear":
+            return self.detail
+        if self.kind == "not finished" and self.op == _PAIR:
+            return f"{who} did not finish {self.detail} on {self.group.label}"
         if self.kind == "not finished" and not self.waiting:
             took = f" (running {self.waited_s:.1f} s when dumped)" if self.waited_s is not None else ""
             return f"{who} did not finish {where}: every member entered it, none finished{took}"
@@ -131,13 +154,14 @@ class Analysis:
     missing: list[int]
     dumps: dict[int, RankDump]
     world_size: int
+    world: World | None = None  # where the world size comes from
 
 
 def pg_status_counts_done(dump: RankDump, entry: Entry) -> bool | None:
     """What torch's ``pg_status`` says of ``entry``'s group: counted as completed (a hint only: NCCL counts p2p
     work in it, Gloo counts a timed-out collective); None where the dump has no status for the group."""
-    status = dump.pg_status.get(entry.pg_id)
-    if not isinstance(status, dict) or "last_completed_collective" not in status:
+    status = pg_status_of(dump, entry)
+    if not isinstance(status, dict) or not isinstance(status.get("last_completed_collective"), int):
         return None
     return int(status["last_completed_collective"]) >= entry.seq
 
@@ -167,48 +191,70 @@ class _Signatures:
         return self.ids[sig]
 
 
-def _merge(found: dict[str, GroupState], dump: RankDump, sigs: _Signatures) -> None:
+@dataclass
+class _Members:
+    """A group name's members, axes and description, merged across the dumps (whichever recorder numbered it)."""
+
+    ranks: Sequence[int]
+    axes: list[str] = field(default_factory=list)
+    desc: str = ""
+
+
+def _merge_members(members: dict[str, _Members], dump: RankDump) -> None:
+    for name, facts in dump.groups.items():
+        ranks = facts.get("ranks") or ()  # a range or a tuple (compact_ranks): the same one compares at once
+        known = members.get(name)
+        if known is None:
+            known = members[name] = _Members(ranks, [], str(facts.get("desc") or ""))
+        elif ranks != known.ranks and not set(ranks) <= set(known.ranks):
+            # the fullest list keeps torch's group order; members seen only in entries join sorted
+            known.ranks = ranks if set(known.ranks) <= set(ranks) else tuple(sorted({*known.ranks, *ranks}))
+        for axis in facts.get("axes") or []:
+            if axis not in known.axes:
+                known.axes.append(axis)
+        known.desc = known.desc or str(facts.get("desc") or "")
+
+
+def _merge(found: dict[GroupKey, GroupState], dump: RankDump, sigs: _Signatures) -> None:
+    """One dump's collectives and signatures into the groups, by name and recorder (``dump`` is not changed)."""
     mapping = sigs.global_ids(dump.sig_table)
     identity = mapping == list(range(len(mapping)))
-    for name, facts in dump.groups.items():
-        ranks = facts.get("ranks") or ()  # a range or a tuple (loader.compact_ranks): the same one compares at once
-        state = found.get(name)
-        if state is None:
-            state = found[name] = GroupState(name, ranks, [], str(facts.get("desc") or ""))
-        elif ranks != state.ranks and not set(ranks) <= set(state.ranks):
-            # the fullest list keeps torch's group order; members seen only in entries join sorted
-            state.ranks = ranks if set(state.ranks) <= set(ranks) else tuple(sorted({*state.ranks, *ranks}))
-        for axis in facts.get("axes") or []:
-            if axis not in state.axes:
-                state.axes.append(axis)
-        state.desc = state.desc or str(facts.get("desc") or "")
-        entry = dump.last.get(name)
-        state.last[dump.rank] = entry.seq if entry else 0
-        if entry is not None:
-            state.entries[dump.rank] = entry
-        if name in dump.signatures:
-            seqs, ids = dump.signatures[name]
-            if not identity:
-                ids = array.array("q", [mapping[i] for i in ids])
-            key = seqs.tobytes() + b"|" + ids.tobytes()
-            variant = state.variants.get(key)
-            if variant is None:
-                variant = state.variants[key] = [seqs, ids, []]
-            variant[2].append(dump.rank)
-    dump.signatures = {}  # merged: the per-rank copy is no longer needed
+    for key in {*dump.last, *dump.signatures, *(k[0] for k in dump.p2p_count)}:
+        found.setdefault(key, GroupState(key[0], (), [], backend=key[1]))
+    for key, entry in dump.last.items():
+        found[key].last[dump.rank] = entry.seq
+        found[key].entries[dump.rank] = entry
+    for key, (seqs, ids) in dump.signatures.items():
+        if not identity:
+            ids = array.array("q", [mapping[i] for i in ids])
+        variants = found[key].variants
+        variant = variants.setdefault(seqs.tobytes() + b"|" + ids.tobytes(), [seqs, ids, []])
+        variant[2].append(dump.rank)
 
 
-def _finish_groups(found: dict[str, GroupState], dumps: dict[int, RankDump], world: int) -> list[GroupState]:
-    for state in found.values():
+def _finish_groups(
+    members: dict[str, _Members], found: dict[GroupKey, GroupState], dumps: dict[int, RankDump], world: int
+) -> list[GroupState]:
+    """Every group with its members; a group no recorder numbered any op of still shows (``backend`` "")."""
+    named = {name for name, _ in found}
+    for name in members:
+        if name not in named:
+            found[(name, "")] = GroupState(name, (), [])
+    recorders: dict[str, int] = {}
+    for name, _ in found:
+        recorders[name] = recorders.get(name, 0) + 1
+    for (name, _), state in found.items():
+        known = members.get(name) or _Members(())
         # torch's default group is the world, whatever a Gloo pg_config says
-        state.ranks = tuple(range(world)) if state.desc == "default_pg" else tuple(state.ranks)
+        state.ranks = tuple(range(world)) if known.desc == "default_pg" else tuple(known.ranks)
+        state.axes, state.desc, state.halves = list(known.axes), known.desc, recorders[name] > 1
         if not state.axes and (axis := axis_of(state.desc)):
             state.axes.append(axis)
         state.missing = [r for r in state.ranks if r not in dumps]
         for rank in state.ranks:
             if rank in dumps:
                 state.last.setdefault(rank, 0)
-    return sorted(found.values(), key=lambda s: (-len(s.ranks), s.ranks, s.name))
+    return sorted(found.values(), key=lambda s: (-len(s.ranks), s.ranks, s.name, s.backend))
 
 
 # --- findings ------------------------------------------------------------------------------------------------------
@@ -280,36 +326,48 @@ def _waited(dumps: dict[int, RankDump], waiting: list[int], state: GroupState) -
 
 
 def _same_op(a: Entry | None, b: Entry | None) -> bool:
-    return a is not None and b is not None and (a.group, a.seq, a.is_p2p) == (b.group, b.seq, b.is_p2p)
+    return a is not None and b is not None and (a.key, a.seq, a.is_p2p) == (b.key, b.seq, b.is_p2p)
 
 
-def _silent_rank_out_of_reach(dump: RankDump, state: GroupState, top_created: int) -> bool:
-    """A rank with no entry of the group, whose wrapped buffer starts after the collective began elsewhere."""
-    if state.last.get(dump.rank, 0) > 0 or not dump.wrapped or dump.oldest_ns is None:
-        return False
-    return dump.oldest_ns > top_created
+def _top(state: GroupState, dumps: dict[int, RankDump]) -> tuple[int, list[int]]:
+    """The highest collective number a member with a dump entered, and who entered it."""
+    present = [r for r in state.ranks if r in dumps]
+    top = max((state.last.get(r, 0) for r in present), default=0)
+    return top, [r for r in present if top and state.last.get(r, 0) == top]
+
+
+def _out_of_reach(dumps: dict[int, RankDump], state: GroupState) -> list[int]:
+    """Members with no entry of the group, whose recorder's wrapped buffer starts after the collective began
+    elsewhere: they cannot say whether they entered it."""
+    top, waiting = _top(state, dumps)
+    if not top:
+        return []
+    began = min(state.entries[r].created_ns for r in waiting)
+    silent = {r: dumps[r].recorder(state.backend) for r in state.ranks if r in dumps and state.last.get(r, 0) == 0}
+    return [r for r, buffer in silent.items() if buffer.wrapped and (buffer.oldest_ns or 0) > began]
 
 
 def _stall(dumps: dict[int, RankDump], state: GroupState) -> Finding | None:
-    present = [r for r in state.ranks if r in dumps]
-    top = max((state.last.get(r, 0) for r in present), default=0)
+    top, waiting = _top(state, dumps)
     if top == 0:
         return None
-    waiting = [r for r in present if state.last.get(r, 0) == top]
     entry = state.entries[waiting[0]]
-    top_created = min(state.entries[r].created_ns for r in waiting)
-    state.out_of_reach = [
-        r for r in present if state.last.get(r, 0) < top and _silent_rank_out_of_reach(dumps[r], state, top_created)
-    ]
-    behind = [r for r in present if state.last.get(r, 0) < top and r not in state.out_of_reach]
+    behind = [r for r in state.ranks if r in dumps and state.last.get(r, 0) < top and r not in state.out_of_reach]
     created = entry.created_ns
     if behind:
         return Finding("stall", state, behind, top, entry.op, waiting, _waited(dumps, waiting, state), created)
-    if state.out_of_reach:
-        return None  # the silent ranks may well have entered it: their buffers do not reach back that far
+    if state.out_of_reach:  # the silent ranks may well have entered it: their buffers do not reach back that far
+        stuck = [r for r in waiting if not state.entries[r].done and dumps[r].recorder(state.backend).tracks_completion]
+        if not stuck:
+            return None
+        detail = (
+            f"{_ranks(stuck)} waited in {entry.op} #{top} on {state.label}, and the buffers of "
+            f"{_ranks(state.out_of_reach)} do not reach back to it: cannot tell whether they entered it"
+        )
+        return Finding("unclear", state, [], top, entry.op, stuck, _waited(dumps, stuck, state), created, detail)
     done = [r for r in waiting if state.entries[r].done]
     unfinished = [r for r in waiting if not state.entries[r].done]
-    tracking = [r for r in unfinished if dumps[r].tracks_completion]
+    tracking = [r for r in unfinished if dumps[r].recorder(state.backend).tracks_completion]
     if done and tracking:
         return Finding("not finished", state, tracking, top, entry.op, done, None, created)
     if not done and not state.missing and tracking:
@@ -323,28 +381,46 @@ def _stall(dumps: dict[int, RankDump], state: GroupState) -> Finding | None:
     return None
 
 
-def _p2p_peer_did_its_side(op: Entry, mine: int, peer: RankDump, state: GroupState) -> bool | None:
-    """Whether ``peer`` posted the match of ``mine``'s unfinished send or recv ``op`` (None: its buffer cannot tell)."""
-    theirs = peer.p2p_last.get((state.name, _OPPOSITE[op.op], state.group_rank(mine)))
+def peer_posted(op: Entry, mine: RankDump, peer: RankDump, state: GroupState) -> bool | None:
+    """Whether ``peer`` posted its side of ``mine``'s unfinished send or recv ``op`` (None: its buffer cannot tell).
+
+    The one p2p rule (see the module docstring): exact counts where neither recorder's buffer wrapped; else the
+    peer's newest opposite op toward ``mine``.
+    """
+    key = (op.key, _OPPOSITE[op.op], state.group_rank(mine.rank))
+    theirs = peer.p2p_last.get(key)
+    their_buffer = peer.recorder(op.lib)
     if theirs is None:
-        return None if peer.wrapped and peer.oldest_ns is not None and peer.oldest_ns > op.created_ns else False
+        too_short = their_buffer.wrapped and (their_buffer.oldest_ns or 0) > op.created_ns
+        return None if too_short else False
+    if not (their_buffer.wrapped or mine.recorder(op.lib).wrapped):
+        return peer.p2p_count[key] >= op.ordinal  # the k-th op toward a peer meets the peer's k-th: counted in full
     if not theirs.done:
         return True  # posted, and waiting too
     return theirs.completed_ns is not None and theirs.completed_ns >= op.created_ns
 
 
-def _p2p(dumps: dict[int, RankDump], groups: dict[str, GroupState]) -> list[Finding]:
-    blamed: dict[tuple[str, int], list[tuple[int, Entry]]] = {}
+def _p2p(dumps: dict[int, RankDump], groups: dict[GroupKey, GroupState]) -> list[Finding]:
+    """Per unfinished send or recv: the peer that did not post its side; a pair that both posted and neither
+    finished; or, where the peer's buffer cannot tell, that nobody can be blamed."""
+    blamed: dict[tuple[GroupKey, int], list[tuple[int, Entry]]] = {}
+    findings: list[Finding] = []
+    pairs: set[tuple[GroupKey, int, int]] = set()
     for rank, dump in dumps.items():
         for op in dump.pending_p2p:
-            state = groups.get(op.group)
+            state = groups.get(op.key)
             peer = state.global_rank(op.peer) if state and op.op in _OPPOSITE else None
             if state is None or peer is None or peer not in dumps:
                 continue  # a peer without a dump: the missing-dump finding names it
-            if _p2p_peer_did_its_side(op, rank, dumps[peer], state) is False:
-                blamed.setdefault((op.group, peer), []).append((rank, op))
-    findings = []
-    for (group, culprit), waits in blamed.items():
+            posted = peer_posted(op, dump, dumps[peer], state)
+            if posted is False:
+                blamed.setdefault((op.key, peer), []).append((rank, op))
+            elif posted is None:
+                findings.append(_unclear_p2p(rank, peer, op, state))
+            elif _both_waiting(op, dump, dumps[peer], state) and (op.key, *sorted((rank, peer))) not in pairs:
+                pairs.add((op.key, *sorted((rank, peer))))
+                findings.append(_pair_not_finished(rank, peer, op, state))
+    for (key, culprit), waits in blamed.items():
         parts = []
         for rank, op in sorted(waits, key=lambda w: (w[0], w[1].op)):
             verb = "send to" if op.op == "recv" else "receive from"
@@ -354,20 +430,39 @@ def _p2p(dumps: dict[int, RankDump], groups: dict[str, GroupState]) -> list[Find
         waiting = sorted({rank for rank, _ in waits})
         op = waits[0][1]
         kind = "send" if op.op == "recv" else "recv"
-        findings.append(Finding("p2p", groups[group], [culprit], op.seq, kind, waiting, None, first, "; ".join(parts)))
+        findings.append(Finding("p2p", groups[key], [culprit], op.seq, kind, waiting, None, first, "; ".join(parts)))
     return findings
 
 
-def _world_missing(
-    missing: list[int], groups: list[GroupState], world_size: int, dumps: dict[int, RankDump]
-) -> Finding:
-    world = GroupState("", tuple(range(world_size)), ["world"])
+def _both_waiting(op: Entry, mine: RankDump, peer: RankDump, state: GroupState) -> bool:
+    """The peer's newest opposite op toward ``mine`` is unfinished too, and both recorders mark completion."""
+    theirs = peer.p2p_last.get((op.key, _OPPOSITE[op.op], state.group_rank(mine.rank)))
+    tracked = mine.recorder(op.lib).tracks_completion and peer.recorder(op.lib).tracks_completion
+    return theirs is not None and not theirs.done and tracked
+
+
+def _pair_not_finished(rank: int, peer: int, op: Entry, state: GroupState) -> Finding:
+    detail = f"the {op.op} #{op.seq} of rank {rank} and its match on rank {peer}: both posted, neither finished"
+    return Finding("not finished", state, sorted((rank, peer)), op.seq, _PAIR, [], None, op.created_ns, detail)
+
+
+def _unclear_p2p(rank: int, peer: int, op: Entry, state: GroupState) -> Finding:
+    source = "sent" if op.op == "recv" else "received"
+    detail = (
+        f"rank {rank} waited in its {op.op} #{op.seq} {'from' if op.op == 'recv' else 'to'} rank {peer} on "
+        f"{state.label}, and rank {peer}'s buffer does not reach back to it: cannot tell whether rank {peer} {source}"
+    )
+    return Finding("unclear", state, [], op.seq, op.op, [rank], None, op.created_ns, detail)
+
+
+def _world_missing(missing: list[int], groups: list[GroupState], world: World, dumps: dict[int, RankDump]) -> Finding:
+    everyone = GroupState("", range(world.size), ["world"])
     known = {r for g in groups for r in g.missing}
     unplaced = [r for r in missing if r not in known]
-    detail = f"ranks {format_ranks(dumps)} of {world_size} dumped; no group map places rank" + (
+    detail = f"ranks {format_ranks(dumps)} of {world.size} dumped ({world.source}); no group map places rank" + (
         f"{'s' * (len(unplaced) > 1)} {format_ranks(unplaced)}"
     )
-    return Finding("missing", world, unplaced, 0, "", [], None, 0, detail)
+    return Finding("missing", everyone, unplaced, 0, "", [], None, 0, detail)
 
 
 def _order(findings: list[Finding]) -> list[Finding]:
@@ -376,21 +471,25 @@ def _order(findings: list[Finding]) -> list[Finding]:
     return sorted(findings, key=lambda f: (_PRIORITY[f.kind], all(r in waiting for r in f.ranks), f.created_ns))
 
 
-def analyse(dumps_in: Iterable[RankDump], world_size: int | None = None) -> Analysis:
-    """Merge the dumps as they come (each is reduced once merged) and find who did not join."""
-    found: dict[str, GroupState] = {}
+def analyse(dumps_in: Iterable[RankDump]) -> Analysis:
+    """Merge the dumps as they come and find who did not join. The dumps are not changed: the analysis keeps each
+    without its signatures, which it merged. :class:`DumpError` where the dumps disagree on the world."""
+    found: dict[GroupKey, GroupState] = {}
+    members: dict[str, _Members] = {}
     dumps: dict[int, RankDump] = {}
     sigs = _Signatures()
     for dump in dumps_in:
-        dumps[dump.rank] = dump
         _merge(found, dump, sigs)
-    sizes = [d.world_size for d in dumps.values() if d.world_size]
-    members = {r for g in found.values() for r in g.ranks}
-    world = max([world_size or 0, *sizes, max(members, default=-1) + 1, max(dumps, default=-1) + 1])
-    groups = _finish_groups(found, dumps, world)
+        _merge_members(members, dump)
+        dumps[dump.rank] = dataclasses.replace(dump, signatures={})  # merged: the per-rank copy is not kept
+    world = world_of(dumps)
+    groups = _finish_groups(members, found, dumps, world.size)
+    for state in groups:
+        state.out_of_reach = _out_of_reach(dumps, state)
     findings = [f for s in groups for f in (_mismatch(s, sigs.table), _stall(dumps, s)) if f is not None]
-    findings += _p2p(dumps, {g.name: g for g in groups})
-    missing = [r for r in range(world) if r not in dumps]
-    if any(r not in {m for g in groups for m in g.missing} for r in missing):
+    findings += _p2p(dumps, {g.key: g for g in groups})
+    missing = [r for r in range(world.size) if r not in dumps]
+    placed = {m for g in groups for m in g.missing}
+    if any(r not in placed for r in missing):
         findings.append(_world_missing(missing, groups, world, dumps))
-    return Analysis(_order(findings), groups, missing, dumps, world)
+    return Analysis(_order(findings), groups, missing, dumps, world.size, world)

@@ -1,24 +1,40 @@
 """The report as text (first line, then readable details at any size) and as JSON (everything).
 
-Text: the first line names the culprit ranks, the op and the group. Then the groups by shape
-(``tp: 128 groups of 8, all at #1000 but one``), each group that disagrees in full with its ranks
-as ranges, the other findings, the dumps (one line each up to :data:`DUMPS_IN_FULL`, a summary
-beyond), and torch's analyzer in one line. JSON keeps every group, rank and finding.
+Text: the first line names the culprit ranks, the op and the group, and where they are. Then the groups
+by shape (``tp: 128 groups of 8, all at #1000 but one``), each group that disagrees in full with its ranks
+as ranges, the other findings, the stacks (identical ones grouped, the outliers first, up to
+:data:`STACK_GROUPS_SHOWN`), the dumps (one line each up to :data:`DUMPS_IN_FULL`, a summary beyond), and
+torch's analyzer in one line. JSON keeps every group, rank, finding and every rank's frames.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from nemo_rl_shim.cli.hang_report.analysis import Analysis, Finding, GroupState, pg_status_counts_done
+from nemo_rl_shim.cli.hang_report.stacks import RankStack, group_stacks, is_runtime_frame
 from nemo_rl_shim.rank_ranges import format_ranks
 
-__all__ = ["DUMPS_IN_FULL", "finding_json", "render_text", "report_json", "torch_line"]
+__all__ = [
+    "DUMPS_IN_FULL",
+    "STACK_FRAMES_SHOWN",
+    "STACK_GROUPS_SHOWN",
+    "finding_json",
+    "render_text",
+    "report_json",
+    "stack_lines",
+    "torch_line",
+]
 
 #: Up to this many dumps, one line each; beyond, one summary line.
 DUMPS_IN_FULL = 16
+#: Groups of identical stacks printed (the outliers first); JSON has every rank's frames.
+STACK_GROUPS_SHOWN = 5
+#: User frames printed per group of stacks, innermost first.
+STACK_FRAMES_SHOWN = 8
 
 
 def _ranks(ranks: Any) -> str:
@@ -127,13 +143,48 @@ def torch_line(facts: dict[str, Any]) -> str:
     return f"torch {facts['torch']} analyzer: did not run: {facts['error']}"
 
 
-def render_text(line: str, analysis: Analysis, directory: Path, torch_facts: dict[str, Any]) -> str:
+def stack_lines(stacks: Mapping[int, RankStack]) -> list[str]:
+    """The stacks written, grouped by identical frames, the outliers first; each group's user frames, then the
+    ranks whose block was armed when they last wrote, without a stack."""
+    lines = []
+    groups = group_stacks(stacks)
+    for frames, ranks in groups[:STACK_GROUPS_SHOWN]:
+        first = stacks[ranks[0]]
+        lines.append(f"  {_ranks(ranks)}, {first.since}:")
+        user = [f for f in frames if not is_runtime_frame(f)] or list(frames[:1])
+        lines += [f"    {f.where}" for f in user[:STACK_FRAMES_SHOWN]]
+        hidden = len(frames) - min(len(user), STACK_FRAMES_SHOWN)
+        if hidden:
+            lines.append(f"    (+{hidden} more frames: torch, the shim, the standard library, or deeper)")
+    if len(groups) > STACK_GROUPS_SHOWN:
+        lines.append(f"  ... {len(groups) - STACK_GROUPS_SHOWN} more groups of stacks (--json has every rank's frames)")
+    armed = [r for r, s in stacks.items() if not s.fired and s.what is not None]
+    if armed:
+        whats = sorted({str(stacks[r].what) for r in armed})
+        shown = ", ".join(f'"{w}"' for w in whats[:3]) + (f", +{len(whats) - 3} more" if len(whats) > 3 else "")
+        lines.append(f"  inside a watched block ({shown}) when last written, no stack: {_ranks(armed)}")
+    notes = [r for r, s in stacks.items() if s.note]
+    if notes:
+        lines.append(f"  {_ranks(notes)}: {stacks[notes[0]].note}" + (" (and others)" if len(notes) > 1 else ""))
+    return lines
+
+
+def render_text(
+    line: str,
+    analysis: Analysis,
+    directory: Path,
+    torch_facts: dict[str, Any],
+    stacks: Mapping[int, RankStack] | None = None,
+) -> str:
     """The text ``nemo-rl-shim hang-report`` prints."""
     lines = [line, "", "groups:", *_shape_lines(analysis)]
     if len(analysis.findings) > 1:
         lines += ["", "also:"] + [f"  {f.line()}" for f in analysis.findings[1:6]]
         if len(analysis.findings) > 6:
             lines.append(f"  ... {len(analysis.findings) - 6} more (--json has every one)")
+    shown = stack_lines(stacks or {})
+    if shown:
+        lines += ["", "stacks (where each rank was once its block ran past the timeout and grace):", *shown]
     lines += ["", "dumps:", *_dump_lines(analysis, directory), torch_line(torch_facts)]
     return "\n".join(lines)
 
@@ -162,13 +213,21 @@ def finding_json(f: Finding, analysis: Analysis) -> dict[str, Any]:
     }
 
 
-def report_json(line: str, exit_code: int, analysis: Analysis, directory: Path, torch_facts: dict[str, Any]) -> dict:
-    """Everything: every finding, group and rank."""
+def report_json(
+    line: str,
+    exit_code: int,
+    analysis: Analysis,
+    directory: Path,
+    torch_facts: dict[str, Any],
+    stacks: Mapping[int, RankStack] | None = None,
+) -> dict:
+    """Everything: every finding, group and rank, and every rank's stack file with its frames."""
     return {
         "line": line,
         "exit_code": exit_code,
         "directory": str(directory),
         "world_size": analysis.world_size,
+        "world_from": analysis.world.source if analysis.world else None,
         "missing_dumps": analysis.missing,
         "findings": [finding_json(f, analysis) for f in analysis.findings],
         "groups": [
@@ -197,4 +256,5 @@ def report_json(line: str, exit_code: int, analysis: Analysis, directory: Path, 
             for d in sorted(analysis.dumps.values(), key=lambda d: d.rank)
         },
         "torch_analyzer": {k: v for k, v in torch_facts.items() if k != "log"},
+        "stacks": {rank: stack.to_json() for rank, stack in sorted((stacks or {}).items())},
     }

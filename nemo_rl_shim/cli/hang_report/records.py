@@ -1,0 +1,106 @@
+"""What the hang report reads out of one rank's dump: typed records, as torch's ``flight_recorder/types.py`` keeps
+its own apart from its loader.
+
+:class:`Entry` is one op of one rank; :class:`RankDump` one rank's dump, reduced to what the analysis needs;
+:class:`Recorder` what one Flight Recorder instance of that rank says of itself (torch keeps one per backend:
+Gloo's, stock NCCL's, and one per hooked backend such as torch 2.15's ``nccl2``). A group is keyed by
+:data:`GroupKey`, its name and the recorder that numbered its ops (``("0", "gloo")``, ``("0", "nccl")``): the
+two halves of a ``cpu:gloo,cuda:nccl`` group are numbered apart. :class:`DumpError` is the one line for input
+that cannot be read.
+"""
+
+from __future__ import annotations
+
+import array
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["DumpError", "Entry", "GroupKey", "P2PKey", "RankDump", "Recorder"]
+
+#: A process group as the entries name it, with the recorder (comm library) that numbered its ops.
+GroupKey = tuple[str, str]
+#: A rank's point-to-point ops of one kind toward one peer (its rank in the group) in one group.
+P2PKey = tuple[GroupKey, str, "int | None"]
+_DONE = "completed"
+
+
+class DumpError(ValueError):
+    """A folder or file that cannot be read as rank dumps; the message is the one line to print."""
+
+
+@dataclass(slots=True)
+class Entry:
+    """One collective or point-to-point op of one rank, as the analysis needs it."""
+
+    group: str
+    seq: int  # collective_seq_id; for p2p, p2p_seq_id
+    op: str  # "all_reduce", "send", "recv", "coalesced", ...
+    sizes: str  # input sizes as text
+    state: str  # "scheduled", "started", "completed"
+    created_ns: int
+    completed_ns: int | None
+    timeout_ms: int | None
+    pg_id: str
+    is_p2p: bool = False
+    peer: int | None = None  # p2p: the peer's rank in the group, as torch names it ("send 1->0": 0)
+    batched: bool = False  # p2p: one op of a batch_isend_irecv (its state is its coalesced entry's)
+    lib: str = ""  # the recorder: the comm library in profiling_name ("nccl", "nccl2", "gloo")
+    ordinal: int = 0  # p2p: its place among this rank's ops of its kind toward its peer in the buffer (1: oldest)
+
+    @property
+    def done(self) -> bool:
+        """Whether the entry itself says it finished: its state, or a completion time."""
+        return self.state == _DONE or self.completed_ns is not None
+
+    @property
+    def key(self) -> GroupKey:
+        return (self.group, self.lib)
+
+
+@dataclass(frozen=True, slots=True)
+class Recorder:
+    """One recorder's buffer in a dump: how far back it reaches, and whether it marks entries completed."""
+
+    wrapped: bool  # its oldest entry is not its first (record_id > 0): older ones were overwritten
+    oldest_ns: int | None  # its oldest entry's creation time
+    tracks_completion: bool  # NCCL marks entries completed; Gloo leaves every one 'scheduled'
+
+
+@dataclass
+class RankDump:
+    """One rank's dump, reduced: groups, the last collective per group, signatures, unfinished p2p ops."""
+
+    rank: int
+    path: Path
+    version: str
+    n_entries: int
+    groups: dict[str, dict[str, Any]]  # group name -> {"axes", "ranks", "desc"}: its members, from every record
+    last: dict[GroupKey, Entry]  # the collective with the highest sequence number
+    signatures: dict[GroupKey, tuple[array.array, array.array]]  # (numbers, signature ids)
+    sig_table: list[tuple[str, str]]  # signature id -> (profiling name, sizes text)
+    pending_p2p: list[Entry]
+    p2p_last: dict[P2PKey, Entry]  # the newest such op
+    p2p_count: dict[P2PKey, int]  # how many such ops the buffer holds
+    latest: Entry | None  # the newest entry: what the rank was in, or did last, when it dumped
+    recorders: dict[str, Recorder]  # lib -> its buffer's facts
+    pg_status: dict[str, Any] = field(default_factory=dict)
+    world_size: int | None = None  # as the shim's dump or sidecar states it
+    default_ranks: tuple[int, ...] | range | None = None  # the default group's members, as a record lists them
+    reason: str | None = None
+    dump_time_ns: int | None = None
+    writer: str = "torch"
+    backend: str = ""  # "nccl", "gloo", ... from the op names
+
+    def recorder(self, lib: str) -> Recorder:
+        """``lib``'s buffer facts; a recorder with no entry here reaches back to nothing and tracks nothing."""
+        return self.recorders.get(lib) or Recorder(wrapped=False, oldest_ns=None, tracks_completion=False)
+
+    @property
+    def wrapped(self) -> bool:
+        """Whether any of its recorders' buffers wrapped."""
+        return any(r.wrapped for r in self.recorders.values())
+
+    @property
+    def tracks_completion(self) -> bool:
+        return any(r.tracks_completion for r in self.recorders.values())

@@ -1,0 +1,268 @@
+"""Reading the ranks' stack files: where each rank was when its watched block ran past its deadline.
+
+The files are ``fr_stack_rank_<rank>.txt`` (:data:`~nemo_rl_shim.stack_watchdog.STACK_FILE_NAME`), in the
+dump folder and its subfolders, as :mod:`nemo_rl_shim.stack_watchdog` writes them: one header line
+(:data:`~nemo_rl_shim.stack_watchdog.HEADER` and JSON: rank, pid, the thread that armed, the block, when it
+was entered, how long it could run), then faulthandler's text once the watchdog fired::
+
+    Timeout (0:00:08)!
+    Thread 0x00007f3a2b1c0740 (most recent call first):
+      File "/job/train.py", line 57 in load_batch
+      File "/job/train.py", line 80 in main
+
+A file with the header alone: the rank was inside the block when it last wrote, before the deadline
+(it ended, or had not yet run that long). An empty file: it was in no watched block. A file of
+faulthandler's text without the header (a loop that arms ``faulthandler.dump_traceback_later`` itself)
+reads too; its thread is the one faulthandler lists last (the oldest: the main thread).
+
+Like the dumps, the files come from shared folders: each is read up to :data:`MAX_STACK_BYTES`, as text,
+with regular expressions; nothing in it is run, a line that is not faulthandler's is skipped, and a file
+that cannot be read is kept with a note rather than stopping the report (a stack is a help, not the
+evidence).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nemo_rl_shim.stack_watchdog import HEADER, STACK_FILE_NAME
+
+__all__ = [
+    "MAX_STACK_BYTES",
+    "Frame",
+    "RankStack",
+    "find_stacks",
+    "group_stacks",
+    "is_runtime_frame",
+    "load_stacks",
+    "parse_stack",
+    "read_stack",
+]
+
+#: A stack file is read up to this size (faulthandler writes at most 100 threads of 100 frames).
+MAX_STACK_BYTES = 1 << 20
+_NAME = re.compile("^" + re.escape(STACK_FILE_NAME).replace(re.escape("{rank}"), r"(?P<rank>\d{1,9})") + "$")
+#: A thread's first line (``Stack ...`` where faulthandler dumps one thread), across the text.
+_THREAD = re.compile(
+    r"^(?:(?P<current>Current thread|Thread) (?P<id>0x[0-9a-fA-F]+)(?: \[.*\])? \(most recent call first\):"
+    r"|(?P<single>Stack) \(most recent call first\):)$",
+    re.MULTILINE,
+)
+_FRAME = re.compile(r'^  File "(.*)", line (\d+|\?\?\?) in (.*)$', re.MULTILINE)
+#: Lines that start a new dump in one file (a plain faulthandler user's file, re-armed without emptying it).
+_DUMP_START = re.compile(r"^(?:Timeout \(|Fatal Python error|Windows fatal exception)", re.MULTILINE)
+_CUT = re.compile(r"^ *\.\.\.$", re.MULTILINE)
+#: Paths of frames that are not the user's: torch (and its C10d bindings), this shim, the standard library.
+_RUNTIME = re.compile(
+    r"[/\\](?:torch|nemo_rl_shim)[/\\]"
+    r"|[/\\]lib[/\\]python3(?:\.\d+)?t?[/\\](?!(?:site|dist)-packages[/\\])"
+    r"|^<frozen "
+)
+_COLLECTIVE = re.compile(r"[/\\]torch[/\\]distributed[/\\]")
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """One line of a stack: ``File "...", line N in function``."""
+
+    file: str
+    line: int | None
+    function: str
+
+    @property
+    def where(self) -> str:
+        """``/job/train.py:57 in load_batch``."""
+        return f"{self.file}:{'?' if self.line is None else self.line} in {self.function}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file": self.file, "line": self.line, "function": self.function}
+
+
+def is_runtime_frame(frame: Frame) -> bool:
+    """A frame of torch, of this shim or of the standard library (threading included): not the user's code."""
+    return bool(_RUNTIME.search(frame.file))
+
+
+@dataclass
+class RankStack:
+    """One rank's stack file, read: the watched thread's frames (innermost first) and the header's facts."""
+
+    rank: int
+    path: Path
+    frames: tuple[Frame, ...] = ()
+    fired: bool = False  # faulthandler wrote a stack
+    what: str | None = None  # the watched block
+    after_s: float | None = None  # how long the block could run before the stack was written
+    entered_ns: int | None = None
+    pid: int | None = None
+    thread: str | None = None  # the watched thread, as faulthandler names it
+    threads: int = 0  # threads in the stack
+    other_threads: dict[str, Frame | None] = field(default_factory=dict)  # thread -> its innermost frame
+    truncated: bool = False  # faulthandler cut it ("..."), or the file was longer than read
+    note: str = ""  # why a file says less than it should
+
+    @property
+    def user_frame(self) -> Frame | None:
+        """The innermost frame outside torch, the shim and the standard library (else the innermost one)."""
+        return next((f for f in self.frames if not is_runtime_frame(f)), self.frames[0] if self.frames else None)
+
+    @property
+    def in_torch_distributed(self) -> bool:
+        """Whether the watched thread is inside ``torch.distributed`` (a collective, a store, a barrier)."""
+        return any(_COLLECTIVE.search(f.file) for f in self.frames)
+
+    @property
+    def since(self) -> str:
+        """``8.0 s into "train step"``: how long the block had run when the stack was written."""
+        into = f' into "{self.what}"' if self.what else ""
+        return f"{self.after_s:.1f} s{into}" if self.after_s is not None else f"past its deadline{into}"
+
+    def to_json(self) -> dict[str, Any]:
+        user = self.user_frame
+        return {
+            "file": str(self.path),
+            "fired": self.fired,
+            "what": self.what,
+            "after_s": self.after_s,
+            "entered_ns": self.entered_ns,
+            "pid": self.pid,
+            "thread": self.thread,
+            "user_frame": user.to_json() if user else None,
+            "in_torch_distributed": self.in_torch_distributed,
+            "frames": [f.to_json() for f in self.frames],
+            "other_threads": {t: (f.to_json() if f else None) for t, f in self.other_threads.items()},
+            "truncated": self.truncated,
+            "note": self.note,
+        }
+
+
+def _header(line: str, stack: RankStack) -> None:
+    try:
+        facts = json.loads(line[len(HEADER) :])
+    except ValueError as e:
+        stack.note = f"header is not JSON ({e})"
+        return
+    if not isinstance(facts, Mapping):
+        stack.note = f"header is not a JSON object (got {type(facts).__name__})"
+        return
+    what, after, entered, pid, thread = (facts.get(k) for k in ("what", "after_s", "entered_ns", "pid", "thread"))
+    stack.what = what[:200] if isinstance(what, str) else None
+    ok_after = isinstance(after, (int, float)) and not isinstance(after, bool) and 0 <= after < 1e9
+    stack.after_s = float(after) if ok_after else None
+    stack.entered_ns = entered if isinstance(entered, int) and not isinstance(entered, bool) else None
+    stack.pid = pid if isinstance(pid, int) and not isinstance(pid, bool) else None
+    stack.thread = thread.lower() if isinstance(thread, str) and re.fullmatch(r"0x[0-9a-fA-F]{1,32}", thread) else None
+
+
+#: Frames already made, by their line: the ranks of one job share most of their frames (bounded, for hostile files).
+_MADE: dict[str, Frame] = {}
+_MADE_MAX = 100_000
+
+
+def _frame(match: re.Match[str]) -> Frame:
+    line = match.group(0)
+    frame = _MADE.get(line)
+    if frame is None:
+        file, number, function = match.groups()
+        frame = Frame(sys.intern(file), int(number) if number.isdigit() else None, sys.intern(function))
+        if len(_MADE) < _MADE_MAX:
+            _MADE[line] = frame
+    return frame
+
+
+def _frames(block: str, first_only: bool = False) -> list[Frame]:
+    if first_only:
+        match = _FRAME.search(block)
+        return [_frame(match)] if match else []
+    return [_frame(match) for match in _FRAME.finditer(block)]
+
+
+def parse_stack(text: str, rank: int, path: Path) -> RankStack:
+    """A stack file's text, read (see the module docstring). The regular expressions run over the whole text:
+    at a thousand files a report, a loop over lines in Python cost more than reading them."""
+    stack = RankStack(rank, path)
+    if text.startswith(HEADER):
+        first, _, text = text.partition("\n")
+        _header(first, stack)
+    starts = [m.start() for m in _DUMP_START.finditer(text)]
+    if starts:
+        text = text[starts[-1] :]  # a later dump in the same file: the newest stands
+    heads = list(_THREAD.finditer(text))
+    stack.threads = len(heads)
+    stack.truncated = _CUT.search(text) is not None
+    if not heads:
+        return stack
+    stack.fired = True
+    ids = [None if m["single"] else m["id"].lower() for m in heads]
+    chosen = next((i for i, ident in enumerate(ids) if stack.thread and ident == stack.thread), None)
+    if chosen is None:
+        chosen = next(
+            (i for i, m in enumerate(heads) if m["single"] or m["current"] == "Current thread"), len(heads) - 1
+        )
+    ends = [m.start() for m in heads[1:]] + [len(text)]
+    blocks = [text[m.end() : end] for m, end in zip(heads, ends, strict=True)]
+    stack.thread, stack.frames = ids[chosen], tuple(_frames(blocks[chosen]))
+    stack.other_threads = {
+        str(ident): next(iter(_frames(block, first_only=True)), None)
+        for i, (ident, block) in enumerate(zip(ids, blocks, strict=True))
+        if i != chosen
+    }
+    return stack
+
+
+def read_stack(path: Path, rank: int) -> RankStack:
+    """One stack file, read as text up to :data:`MAX_STACK_BYTES`; an unreadable one is kept with a note."""
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_STACK_BYTES + 1)
+    except OSError as e:
+        return RankStack(rank, path, note=f"cannot be read: {e.strerror or e}")
+    stack = parse_stack(data[:MAX_STACK_BYTES].decode("utf-8", errors="replace"), rank, path)
+    if len(data) > MAX_STACK_BYTES:
+        stack.truncated = True
+        stack.note = stack.note or f"longer than {MAX_STACK_BYTES} bytes: read that far"
+    return stack
+
+
+def find_stacks(directory: str | os.PathLike[str]) -> dict[int, Path]:
+    """``{rank: stack file}`` in ``directory`` and its subfolders (hidden ones skipped); for a rank with files in
+    several folders, the newest."""
+    found: dict[int, Path] = {}
+    for root, dirs, names in os.walk(directory):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in names:
+            if (m := _NAME.match(name)) is None:
+                continue
+            rank, path = int(m["rank"]), Path(root) / name
+            if rank not in found or _mtime(path) > _mtime(found[rank]):
+                found[rank] = path
+    return found
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return float("-inf")
+
+
+def load_stacks(directory: str | os.PathLike[str]) -> dict[int, RankStack]:
+    """Every rank's stack file in ``directory``, read; ranks sorted."""
+    return {rank: read_stack(path, rank) for rank, path in sorted(find_stacks(directory).items())}
+
+
+def group_stacks(stacks: Mapping[int, RankStack]) -> list[tuple[tuple[Frame, ...], list[int]]]:
+    """The written stacks grouped by identical frames, the outliers first: ``[(frames, ranks), ...]`` by how
+    few ranks share them, then by the first rank."""
+    groups: dict[tuple[Frame, ...], list[int]] = {}
+    for rank, stack in sorted(stacks.items()):
+        if stack.fired:
+            groups.setdefault(stack.frames, []).append(rank)
+    return sorted(groups.items(), key=lambda item: (len(item[1]), item[1][0]))

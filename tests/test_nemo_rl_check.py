@@ -1,0 +1,210 @@
+"""``scripts/nemo_rl_check.py``'s verdicts, on hand-made results: none says "holds" when it does not.
+
+The script itself needs NeMo RL's source and a 3.13 environment, which CI has not; its verdicts are
+pure functions of the results it gathers, so they are checked here on results made by hand: the
+shapes the script writes, with one thing wrong at a time.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+__all__: list[str] = []
+
+_SPEC = importlib.util.spec_from_file_location(
+    "nemo_rl_check", Path(__file__).resolve().parents[1] / "scripts" / "nemo_rl_check.py"
+)
+assert _SPEC is not None and _SPEC.loader is not None
+check = importlib.util.module_from_spec(_SPEC)
+sys.modules["nemo_rl_check"] = check
+_SPEC.loader.exec_module(check)
+
+SETUP = "tests.unit.models.automodel.test_automodel_setup.TestSetupDistributed"
+
+
+def _lane(tests: dict[str, tuple[str, str]]) -> dict[str, Any]:
+    return {"tests": {t: {"outcome": o, "message": m} for t, (o, m) in tests.items()}}
+
+
+def _results() -> dict[str, Any]:
+    """NeMo RL's lanes as a run that holds writes them: 5 new tests, each failing at an assertion unpatched."""
+    old = {f"{SETUP}::test_old_{i}": ("passed", "") for i in range(3)}
+    new = {f"{SETUP}::test_timeout_{i}": ("passed", "") for i in range(5)}
+    failing = {t: ("failed", "AssertionError: expected call not found.") for t in new}
+    results = {}
+    for lane, trees, _ in check.LANES:
+        for tree in trees:
+            if lane.startswith("new"):
+                tests = failing if tree == "tests-only" else new if lane == "new set-up tests" else {}
+            else:
+                tests = {**old, **new} if tree == "patched" and lane == "automodel lane" else old
+            results[f"{tree}: {lane}"] = _lane(tests)
+    return results
+
+
+def test_a_run_that_holds_has_no_problem() -> None:
+    verdict, problems = check.tests_verdict(_results())
+    assert problems == []
+    assert verdict["count"] == 5
+
+
+@pytest.mark.parametrize(
+    "outcome,message",
+    [
+        ("passed", ""),
+        ("error", "ImportError: cannot import name 'AutomodelConfig'"),
+        ("failed", "AttributeError: module has no attribute 'set_process_group_timeouts'"),
+        ("failed", "TypeError: setup_distributed() got an unexpected keyword argument 'config_section'"),
+    ],
+)
+def test_a_new_test_must_fail_unpatched_at_its_assertion(outcome: str, message: str) -> None:
+    results = _results()
+    results["tests-only: new set-up tests"]["tests"][f"{SETUP}::test_timeout_0"] = {
+        "outcome": outcome,
+        "message": message,
+    }
+    _, problems = check.tests_verdict(results)
+    assert [p for p in problems if "test_timeout_0 on unpatched NeMo RL" in p], problems
+
+
+def test_a_test_that_passed_unpatched_must_pass_patched() -> None:
+    results = _results()
+    results["patched: setup file"]["tests"][f"{SETUP}::test_old_1"]["outcome"] = "failed"
+    _, problems = check.tests_verdict(results)
+    assert any("pass unpatched but not patched" in p and "test_old_1" in p for p in problems), problems
+
+
+def test_new_tests_must_be_in_the_automodel_lane_and_five() -> None:
+    results = _results()
+    del results["patched: automodel lane"]["tests"][f"{SETUP}::test_timeout_4"]
+    for tree in ("tests-only", "patched"):
+        del results[f"{tree}: new set-up tests"]["tests"][f"{SETUP}::test_timeout_3"]
+    _, problems = check.tests_verdict(results)
+    assert any("not collected by --automodel-only" in p for p in problems), problems
+    assert any("4 new tests, need at least 5" in p for p in problems), problems
+
+
+def _ranks(minutes: float, offload: bool) -> dict[str, Any]:
+    """4 ranks of tp 2 as nemo_rl_rank.py reports them: default, tp and the replica group."""
+    groups = {
+        "default_pg": [[0, 1, 2, 3]] * 4,
+        "mesh_MeshAxisName.TP": [[0, 1], [0, 1], [2, 3], [2, 3]],
+        "mesh_cp_tp": [[0, 1], [0, 1], [2, 3], [2, 3]],
+    }
+    reports = []
+    for rank in range(4):
+        reports.append(
+            {
+                "rank": rank,
+                "replica_desc": "mesh_cp_tp",
+                "full_tensor_ok": True,
+                "groups": [
+                    {
+                        "desc": desc,
+                        "ranks": members[rank],
+                        "backend": "cuda:nccl_standin,cpu:gloo" if offload else "cpu:gloo,cuda:gloo",
+                        "timeout_min": {"cpu": minutes, "cuda": minutes},
+                        "distinct_backends": 2 if offload else 1,
+                        "allreduce_cpu": True,
+                    }
+                    for desc, members in groups.items()
+                ],
+            }
+        )
+    return {"seconds": 1.0, "reports": reports}
+
+
+@pytest.mark.parametrize("offload", [False, True])
+def test_ranks_verdict_holds_only_when_every_backend_of_every_group_reads_the_value(offload: bool) -> None:
+    result = _ranks(45.0, offload)
+    summary = check.ranks_summary(result)
+    assert [row["group"] for row in summary["table"]] == ["default_pg", "mesh_tp", "mesh_cp_tp"]
+    assert check.ranks_verdict("patched", "patched", offload, summary, 45.0) == []
+    # One backend of one group on one rank at torch's default: found, and named
+    wrong = copy.deepcopy(result)
+    wrong["reports"][3]["groups"][2]["timeout_min"]["cuda"] = 30.0
+    problems = check.ranks_verdict("patched", "patched", offload, check.ranks_summary(wrong), 45.0)
+    assert problems == ["patched: groups without 45 min on every backend: ['mesh_cp_tp']"]
+    # The composite must keep two backend objects; a plain group, one
+    assert check.ranks_verdict("patched", "patched", not offload, summary, 45.0)
+
+
+def test_ranks_verdict_needs_the_replica_group_and_an_unpatched_tree_that_differs() -> None:
+    result = _ranks(45.0, False)
+    for report in result["reports"]:
+        report["groups"] = [g for g in report["groups"] if g["desc"] != "mesh_cp_tp"]
+    problems = check.ranks_verdict("patched", "patched", False, check.ranks_summary(result), 45.0)
+    assert any("replica group" in p for p in problems), problems
+    # Unpatched reading the value everywhere means the check cannot tell the change apart
+    assert check.ranks_verdict("unpatched", "unpatched", False, check.ranks_summary(_ranks(45.0, False)), 45.0)
+    assert check.ranks_verdict("unpatched", "unpatched", False, check.ranks_summary(_ranks(30.0, False)), 45.0) == []
+
+
+def test_save_verdict() -> None:
+    timed_out = "RuntimeError: [gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 15000ms for recv"
+    failed = [{"rank": 0, "save": "RuntimeError: Connection closed by peer"}] + [
+        {"rank": r, "save": timed_out} for r in (1, 2, 3)
+    ]
+    completed = [{"rank": r, "save": "completed"} for r in range(4)]
+    assert check.save_verdict("unpatched", False, failed) == []
+    assert check.save_verdict("knob", True, completed) == []
+    assert check.save_verdict("knob", True, failed)
+    assert check.save_verdict("unpatched", False, completed)
+    assert check.save_verdict("knob", True, [*completed[:3], {"rank": 3, "error": "no report (timed out?)"}])
+
+
+def _driver(refused: str = "refused: ValidationError: {key} | Value error, must be ...") -> dict[str, Any]:
+    outcomes = {}
+    for label, section in (("grpo policy", "policy"), ("distillation teacher", "teacher"), ("ppo value", "value")):
+        key = f"{section}.automodel_cfg.distributed_timeout_minutes"
+        outcomes[label] = {value: refused.format(key=key) for value in check._BAD}
+        outcomes[label].update({"45": "accepted: 45.0", "None": "accepted: None"})
+    policy = {
+        "v1 DTensor worker, 45": "refused: ValueError: policy.automodel_cfg.distributed_timeout_minutes is 45, ...",
+        "Megatron, 45": "refused: ValueError: policy.automodel_cfg.distributed_timeout_minutes is 45, ...",
+        "env.reward_model, true": "refused: ValueError: env.reward_model.automodel_cfg.distributed_timeout_minutes ...",
+    }
+    return {"master_config": outcomes, "policy": policy}
+
+
+def test_driver_verdict() -> None:
+    assert check.driver_verdict(_driver()) == []
+    coerced = _driver()
+    coerced["master_config"]["distillation teacher"]["True"] = "accepted: 1.0"
+    assert check.driver_verdict(coerced) == ["MasterConfig, distillation teacher, True: accepted: 1.0"]
+    wrong_section = _driver("refused: ValidationError: policy.automodel_cfg.distributed_timeout_minutes | ...")
+    assert len(check.driver_verdict(wrong_section)) == 12  # teacher and value name the wrong section
+    ignored = _driver()
+    ignored["policy"]["Megatron, 45"] = "accepted: 'Policy'"
+    assert check.driver_verdict(ignored) == ["Policy, Megatron, 45: accepted: 'Policy'"]
+
+
+def test_junit_results(tmp_path: Path) -> None:
+    xml = tmp_path / "junit.xml"
+    xml.write_text(
+        '<testsuites><testsuite name="pytest">'
+        '<testcase classname="a.T" name="test_ok" />'
+        '<testcase classname="a.T" name="test_bad"><failure message="AssertionError: x">tb</failure></testcase>'
+        '<testcase classname="a.T" name="test_err"><error message="ImportError: y">tb</error></testcase>'
+        '<testcase classname="a.T" name="test_skip"><skipped message="Need 2 GPUs, got 0" /></testcase>'
+        "</testsuite></testsuites>"
+    )
+    assert check.junit_results(xml) == {
+        "a.T::test_ok": {"outcome": "passed", "message": ""},
+        "a.T::test_bad": {"outcome": "failed", "message": "AssertionError: x"},
+        "a.T::test_err": {"outcome": "error", "message": "ImportError: y"},
+        "a.T::test_skip": {"outcome": "skipped", "message": "Need 2 GPUs, got 0"},
+    }
+    assert check.junit_results(tmp_path / "missing.xml") == {}
+    # A path parameter names its tree; the ids agree across trees once it is dropped
+    xml.write_text(
+        f'<testsuites><testsuite><testcase classname="t" name="test_x[{tmp_path}/examples/a.yaml]" />'
+        "</testsuite></testsuites>"
+    )
+    assert list(check.junit_results(xml, tmp_path)) == ["t::test_x[examples/a.yaml]"]

@@ -1,0 +1,189 @@
+"""The stack watchdog in this process: faulthandler's C watchdog armed per block, one per process, the file's states.
+
+Real faulthandler, real files, short deadlines (0.2 s); no process group (``stack_watchdog`` takes the path and
+the rank), but for the set-up's clean-up, on a one-rank Gloo group in this process. The GIL case: a
+``ctypes.PyDLL`` call to libc's ``sleep`` keeps the GIL while the watchdog writes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing
+import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch.distributed as dist
+
+from nemo_rl_shim import flight_recorder, stack_watchdog
+from nemo_rl_shim.cli.hang_report.stacks import read_stack
+from nemo_rl_shim.config import FlightRecorderSettings
+from nemo_rl_shim.stack_watchdog import HEADER, arm, armed_blocks, disarm, forget, stack_path
+
+SHORT_S = 0.2
+
+
+@pytest.fixture
+def path(tmp_path: Path) -> Iterator[Path]:
+    """A fresh stack file; whatever a test leaves armed is disarmed, and the process may arm again."""
+    target = stack_path(tmp_path, 5)
+    yield target
+    for _ in armed_blocks():
+        disarm(stack_watchdog._State.blocks[-1].token, failed=False)
+    forget(target)
+
+
+def _hold_the_gil(seconds: int) -> None:
+    libc = ctypes.PyDLL(None)
+    libc.sleep.argtypes = [ctypes.c_uint]
+    libc.sleep(seconds)  # the C call that keeps the GIL
+
+
+def _line_of(marker: str) -> int:
+    return next(n for n, line in enumerate(Path(__file__).read_text().splitlines(), 1) if line.endswith(marker))
+
+
+def test_a_block_past_its_deadline_writes_its_stack_while_holding_the_gil(path: Path) -> None:
+    token = arm(path, 5, "train step", SHORT_S)
+    started = time.monotonic()
+    _hold_the_gil(1)
+    held = time.monotonic() - started
+    stack = read_stack(path, 5)  # written during the call: no Python thread could have run
+    disarm(token, failed=True)
+    assert held >= 1.0
+    assert stack.fired and (stack.what, stack.after_s, stack.rank) == ("train step", SHORT_S, 5), stack
+    assert stack.frames[0].function == "_hold_the_gil"
+    assert stack.frames[0].line == _line_of("# the C call that keeps the GIL")
+    assert stack.frames[1].function == "test_a_block_past_its_deadline_writes_its_stack_while_holding_the_gil"
+
+
+def test_leaving_in_time_leaves_an_empty_file(path: Path) -> None:
+    token = arm(path, 5, "train step", 30)
+    assert path.read_text().startswith(HEADER), "armed: the header alone"
+    disarm(token, failed=False)
+    time.sleep(SHORT_S)
+    assert path.read_bytes() == b""
+
+
+def test_nested_blocks_share_the_one_watchdog(path: Path) -> None:
+    outer = arm(path, 5, "outer", 30)
+    inner = arm(path, 5, "inner", SHORT_S)  # earlier deadline: the watchdog moves to it
+    assert armed_blocks() == ["outer", "inner"]
+    assert read_stack(path, 5).what == "inner"
+    disarm(inner, failed=False)
+    assert read_stack(path, 5).what == "outer", "back to the outer block's deadline"
+    time.sleep(2 * SHORT_S)
+    assert not read_stack(path, 5).fired, "the inner block's deadline no longer counts"
+    later = arm(path, 5, "later inner", 60)  # a later deadline: the outer block keeps the watchdog
+    assert read_stack(path, 5).what == "outer"
+    disarm(later, failed=False)
+    disarm(outer, failed=False)
+    assert path.read_bytes() == b""
+
+
+def test_leaving_a_block_moves_the_watch_to_the_earliest_deadline_left(path: Path) -> None:
+    outer = arm(path, 5, "outer", 60)
+    middle = arm(path, 5, "middle", 30)
+    inner = arm(path, 5, "inner", SHORT_S)
+    disarm(inner, failed=False)
+    assert read_stack(path, 5).what == "middle"
+    disarm(middle, failed=False)
+    assert read_stack(path, 5).what == "outer"
+    disarm(outer, failed=False)
+
+
+def test_a_block_that_failed_before_its_deadline_keeps_nothing_and_arming_goes_on(path: Path) -> None:
+    token = arm(path, 5, "train step", 30)
+    disarm(token, failed=True)
+    assert path.read_bytes() == b""
+    assert arm(path, 5, "next step", 30) is not None
+
+
+def test_a_stack_of_a_block_that_failed_is_kept_and_nothing_more_is_armed(path: Path) -> None:
+    token = arm(path, 5, "train step", SHORT_S)
+    time.sleep(3 * SHORT_S)
+    disarm(token, failed=True)
+    kept = path.read_text()
+    assert read_stack(path, 5).fired
+    assert arm(path, 5, "next step", SHORT_S) is None
+    time.sleep(2 * SHORT_S)
+    assert path.read_text() == kept
+
+
+def test_a_stack_of_a_block_that_then_finished_is_dropped(path: Path) -> None:
+    token = arm(path, 5, "slow step", SHORT_S)
+    time.sleep(3 * SHORT_S)
+    assert read_stack(path, 5).fired
+    disarm(token, failed=False)
+    assert path.read_bytes() == b"", "slow, not stuck: its stack would name a place the rank has left"
+    assert arm(path, 5, "next step", 30) is not None
+
+
+def _arm_in_child(path: str, queue: multiprocessing.Queue) -> None:
+    queue.put(arm(Path(path), 6, "child", 30))
+
+
+def test_a_child_forked_while_armed_arms_nothing(path: Path) -> None:
+    """faulthandler's cancel in such a child waits forever for a watchdog thread it does not have."""
+    token = arm(path, 5, "parent", 30)
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_arm_in_child, args=(str(path.with_name("child.txt")), queue))
+    child.start()
+    child.join(30)
+    disarm(token, failed=False)
+    if child.is_alive():
+        child.kill()
+        pytest.fail("the child hung in faulthandler")
+    assert queue.get(timeout=5) is None
+
+
+def test_forget_removes_a_stale_stack_and_lets_a_sealed_process_arm_again(path: Path) -> None:
+    token = arm(path, 5, "train step", SHORT_S)
+    time.sleep(3 * SHORT_S)
+    disarm(token, failed=True)
+    forget(path)
+    assert not path.exists()
+    assert arm(path, 5, "after set-up", 30) is not None
+
+
+def test_set_up_removes_the_stack_an_earlier_run_left(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``record_groups`` (``setup_distributed`` calls it) removes this rank's old stack, as it removes its old dump:
+    a rank that then stalls before its first watched block must not be placed by the earlier run's stack."""
+    stale = stack_path(tmp_path, 0)
+    stale.write_text('Timeout (0:00:08)!\nThread 0x01 (most recent call first):\n  File "old.py", line 1 in f\n')
+    assert read_stack(stale, 0).fired
+    monkeypatch.setenv("TORCH_FR_DUMP_TEMP_FILE", str(tmp_path / flight_recorder.DUMP_FILE_NAME))
+    monkeypatch.setattr(flight_recorder._State, "settings", FlightRecorderSettings(tmp_path))
+    assert not dist.is_initialized(), "a process group leaked into this test from an earlier one"
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # the recorder's buffer was set before this group
+            flight_recorder.record_groups(SimpleNamespace(device_mesh=None, moe_mesh=None))
+    finally:
+        dist.destroy_process_group()
+    assert not stale.exists()
+
+
+def test_a_stack_file_that_cannot_be_written_never_fails_the_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The watch is a help: a dump folder that became unwritable costs a warning, and the block runs."""
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("a file where the folder should be")
+    monkeypatch.setenv("TORCH_FR_DUMP_TEMP_FILE", str(blocked / flight_recorder.DUMP_FILE_NAME))
+    monkeypatch.setattr(flight_recorder._State, "settings", FlightRecorderSettings(tmp_path))
+    monkeypatch.setattr(flight_recorder._State, "stack_warned", False)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    ran = []
+    try:
+        with pytest.warns(RuntimeWarning, match="no stack watch: .*not-a-folder/fr_stack_rank_0.txt cannot be written"):
+            with flight_recorder.dump_on_timeout("train step"):
+                ran.append(armed_blocks())
+    finally:
+        dist.destroy_process_group()
+    assert ran == [[]]
