@@ -472,6 +472,17 @@ def test_a_group_with_a_timeout_of_its_own_is_shown_as_such_and_is_no_problem_un
     ]
 
 
+def test_a_value_within_c10d_s_millisecond_is_the_configured_one_and_one_beyond_it_is_not():
+    """c10d keeps whole milliseconds; a group made later gets the value plus half a millisecond
+    (``every_group.CREATION_SLACK``) that a backend may show: not a problem. 1.2 s off is."""
+    options = preflight.build_options()
+    slack = 45 + 0.0005 / 60
+    assert find_problems([_rank(0, [_row("cp_tp", timeout_minutes={"cpu": slack, "cuda": slack})])], options) == []
+    off = _row("cp_tp", timeout_minutes={"cpu": 45.02, "cuda": 45.0})
+    expected = "group cp_tp: cpu:gloo has 45.02 min, configured 45 min (rank 0)"
+    assert find_problems([_rank(0, [off])], options) == [expected]
+
+
 def test_a_group_made_later_that_kept_the_start_up_value_after_init_is_named():
     """Configured at start-up, it must follow to the steady value: at 45 min after init it did not."""
     later = _at("configured", 45.0, named=False, timeout_minutes_after_init={"cpu": 45.0, "cuda": 45.0},

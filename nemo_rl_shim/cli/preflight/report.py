@@ -26,7 +26,7 @@ from typing import Any
 from nemo_rl_shim.cli.preflight.options import PreflightOptions
 from nemo_rl_shim.cli.preflight.results import GroupRow, RankChecked, RankFailed, RankOutcome
 from nemo_rl_shim.cli.preflight.stuck import after_grace, past_deadline, ranks_named
-from nemo_rl_shim.every_group import TimeoutSource
+from nemo_rl_shim.every_group import RESOLUTION, TimeoutSource
 from nemo_rl_shim.rank_ranges import format_ranks
 
 __all__ = ["COLUMNS", "PreflightReport", "find_problems", "groups_line", "off_the_checked_path", "render_report"]
@@ -120,6 +120,8 @@ def _fmt(minutes: float | None) -> str:
 
 
 _DEFAULT, _OWN, _UNREADABLE = TimeoutSource.TORCH_DEFAULT.value, TimeoutSource.OWN.value, TimeoutSource.UNREADABLE.value
+#: c10d keeps a timeout in whole milliseconds: two values closer than this are one (``every_group.RESOLUTION``).
+_RESOLUTION_MIN = RESOLUTION.total_seconds() / 60
 
 
 def _keeps_its_own(row: GroupRow, device: str) -> bool:
@@ -155,7 +157,9 @@ def _timeout_problems(
             at_default.setdefault(timeout, []).append(backend)
         elif source == _UNREADABLE or timeout is None:
             unreadable.append(backend)
-        elif not _keeps_its_own(row, device) and timeout != expected:
+        elif _keeps_its_own(row, device):
+            continue
+        elif abs(timeout - expected) >= _RESOLUTION_MIN:
             wrong.setdefault(timeout, []).append(backend)
     found = [f"{','.join(b)} has {_fmt(t)}{when}, configured {_fmt(expected)}" for t, b in wrong.items()]
     if unreadable:
