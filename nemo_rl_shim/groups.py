@@ -27,13 +27,20 @@ def _plain(name: Any) -> str:
 
 def flattened_axes(device_mesh: Any) -> dict[str, Any]:
     """``{name: 1-D mesh}`` of the flattened axes recorded for the root mesh: its ``_flatten_mapping`` (torch 2.10
-    and later), or torch 2.9's ``_mesh_resources.root_to_flatten_mapping``."""
+    and later), and torch 2.9's ``_mesh_resources.root_to_flatten_mapping``.
+
+    Both are read: on torch 2.9 nemo-automodel 0.5.0 keeps a ``_flatten_mapping`` of its own on the root mesh
+    with the axes it flattened, while torch records there only; an axis flattened later (NeMo RL's lazily
+    flattened ``("cp", "tp")``) is in torch's registry alone.
+    """
     root = device_mesh._get_root_mesh() if hasattr(device_mesh, "_get_root_mesh") else device_mesh
-    recorded = getattr(root, "_flatten_mapping", None)
-    if recorded is None:  # torch 2.9 keeps them in the mesh registry instead; gone in torch 2.10
-        resources = getattr(importlib.import_module("torch.distributed.device_mesh"), "_mesh_resources", None)
-        recorded = getattr(resources, "root_to_flatten_mapping", {}).get(root)
-    return dict(recorded or {})
+    recorded = dict(getattr(root, "_flatten_mapping", None) or {})
+    # torch 2.9 keeps them in the mesh registry; gone in torch 2.10 (delete this with the torch 2.9 lane)
+    resources = getattr(importlib.import_module("torch.distributed.device_mesh"), "_mesh_resources", None)
+    registry = getattr(resources, "root_to_flatten_mapping", None)
+    for name, mesh in ((registry or {}).get(root) or {}).items():
+        recorded.setdefault(name, mesh)
+    return recorded
 
 
 def axis_mesh(device_mesh: Any, name: str) -> Any:

@@ -23,7 +23,11 @@ git directories, never committed here. Each step is bounded in time:
    worker's replica group, then every process group torch holds, read on every backend.
 6. ``save``: NVIDIA-NeMo/RL#3624 scaled down on 4 CPU ranks: Automodel's consolidation barrier on
    the default group, with rank 0 writing longer than torch's (scaled) default timeout.
-7. ``preflight``: ``nemo-rl-shim`` in a SEPARATE venv layered on the NeMo RL one (a ``.pth``
+7. ``preflight``: ``nemo-rl-shim preflight --setup nemo-rl`` (NeMo RL's own ``setup_distributed``, the
+   worker's later groups, every group torch holds audited) on 4 CPU ranks (tp 2), CPU offload on and
+   off, each tree on ``PYTHONPATH``: unpatched must exit 1 naming the groups left at torch's default,
+   patched 0. Then, reported and not judged, NeMo RL's SGLang colocated config on both trees (its refit
+   groups are made after set-up). Run from a SEPARATE venv layered on the NeMo RL one (a ``.pth``
    points at its site-packages), so the judged environment stays without this project.
 8. ``bump``: the pin bump rehearsed (nemo-automodel 0.7.0): every blocker of
    ``import nemo_rl.models.automodel.setup``, unpatched and patched; the pin is put back.
@@ -114,8 +118,13 @@ LANES = (
 ASSERTION_FAILURES = ("AssertionError", "assert ", "Failed: DID NOT RAISE")
 #: #3624 scaled down: torch's 30 min Gloo default x SAVE_SCALE, a 40 min save, a 60 min knob.
 SAVE_SCALE, SAVE_SECONDS, SAVE_KNOB_MINUTES = 1 / 120, 40 * 60 / 120, 60 / 120
-#: The preflight step's command (another issue changes it to ``preflight --setup nemo-rl``).
-PREFLIGHT_ARGS = ("preflight", "--timeout-minutes", "45", "--nproc", "4", "--tp", "2")
+#: The preflight step's command: NeMo RL's own set-up on 4 ranks, then every group torch holds audited.
+PREFLIGHT_ARGS = ("preflight", "--setup", "nemo-rl", "--timeout-minutes", "45", "--nproc", "4", "--tp", "2")
+#: Its exit code on each tree: NeMo RL as it is leaves every group at torch's default (1); the series, none (0).
+PREFLIGHT_EXPECTED = {"unpatched": 1, "patched": 0}
+#: Reported, not judged: NeMo RL's SGLang colocated config, whose refit groups (``_ensure_ipc_topology``) are made
+#: after set-up, two engines of 2 ranks.
+PREFLIGHT_SGLANG = ("--config", "examples/configs/grpo_math_1B_sglang.yaml", "policy.generation.sglang_cfg.tp_size=2")
 #: The bump rehearsal: nemo-automodel 0.7.0 and the transformers it pins.
 BUMP_AUTOMODEL, BUMP_TRANSFORMERS = "0.7.0", "5.18.0"
 IDENTITY = ("-c", "user.name=nemo-rl-check", "-c", "user.email=nemo-rl-check@localhost")
@@ -675,12 +684,46 @@ def preflight_layer(args: argparse.Namespace, work: Path) -> Path:
     return layer
 
 
+def preflight_verdict(label: str, tree: Path, expected: int, rc: int, output: str) -> list[str]:
+    """The exit code ``expected`` of the tree; NeMo RL's own set-up of that tree ran; exit 1 names a group at torch's
+    default."""
+    problems = []
+    if rc != expected:
+        problems.append(f"preflight --setup nemo-rl, {label}: exited {rc}, expected {expected}")
+    ran = f"set-up: NeMo RL's own setup_distributed ({tree / 'nemo_rl' / 'models' / 'automodel' / 'setup.py'})"
+    if not any(line.startswith(ran) for line in output.splitlines()):
+        problems.append(f"preflight --setup nemo-rl, {label}: no line {ran!r}: another set-up ran, or none")
+    failed = next((line for line in output.splitlines() if line.startswith("preflight: FAILED: ")), "")
+    if rc == 1 and "at torch's default" not in failed:
+        problems.append(f"preflight --setup nemo-rl, {label}: exit 1 names no group at torch's default: {failed!r}")
+    return problems
+
+
+def _preflight_run(layer: Path, work: Path, tree: str, extra: tuple[str, ...]) -> tuple[int, str, dict[str, Any]]:
+    cmd = [str(layer / "bin" / "nemo-rl-shim"), *PREFLIGHT_ARGS, *extra]
+    rc, out, seconds = run(cmd, timeout=900, env=clean_env(PYTHONPATH=str(work / tree)), cwd=work / tree)
+    lines = out.strip().splitlines()
+    said = next((line for line in lines if line.startswith(("preflight: FAILED: ", "OK: "))), None)
+    result = {"rc": rc, "seconds": round(seconds, 1), "verdict": said, "output": lines[-40:]}
+    return rc, out, result
+
+
 def preflight_step(args: argparse.Namespace, work: Path) -> tuple[dict[str, Any], list[str]]:
     layer = preflight_layer(args, work)
-    rc, out, seconds = run([str(layer / "bin" / "nemo-rl-shim"), *PREFLIGHT_ARGS], timeout=900, env=clean_env())
-    result = {"layer": str(layer), "command": ["nemo-rl-shim", *PREFLIGHT_ARGS], "rc": rc, "seconds": round(seconds, 1)}
-    result["output"] = out.strip().splitlines()[-40:]
-    return result, [f"preflight exited {rc}"] if rc != 0 else []
+    result: dict[str, Any] = {"layer": str(layer), "command": ["nemo-rl-shim", *PREFLIGHT_ARGS], "runs": {}}
+    problems: list[str] = []
+    for tree, expected in PREFLIGHT_EXPECTED.items():
+        for offload in ("--cpu-offload", "--no-cpu-offload"):
+            label = f"{tree}, {offload}"
+            log(f"preflight --setup nemo-rl: {label}")
+            rc, out, run_result = _preflight_run(layer, work, tree, (offload,))
+            result["runs"][label] = {**run_result, "expected": expected}
+            problems += preflight_verdict(label, work / tree, expected, rc, out)
+    for tree in PREFLIGHT_EXPECTED:
+        label = f"{tree}, SGLang colocated (not judged)"
+        log(f"preflight --setup nemo-rl: {label}")
+        result["runs"][label] = _preflight_run(layer, work, tree, PREFLIGHT_SGLANG)[2]
+    return result, problems
 
 
 # --- 8. the pin bump, rehearsed -----------------------------------------------------------------------
@@ -853,6 +896,14 @@ def render_markdown(summary: dict[str, Any]) -> str:
         ]  # fmt: skip
         out += _table(["group", "members", "backend", "timeout (min)", "backend objects", "CPU all-reduce ok"], rows)
         out += [""]
+    runs = summary.get("preflight", {}).get("runs", {})
+    if runs:
+        rows = [
+            [label, r["rc"], r.get("expected", "not judged"), f"`{r['verdict'] or '-'}`", f"{r['seconds']:g} s"]
+            for label, r in runs.items()
+        ]
+        out += ["### `preflight --setup nemo-rl`, 4 ranks, tp 2, 45 min", ""]
+        out += [*_table(["tree, run", "exit", "expected", "what it says", "wall"], rows), ""]
     save = summary.get("save", {})
     if save:
         out += ["### NVIDIA-NeMo/RL#3624, scaled down", "", save["scale"], ""]

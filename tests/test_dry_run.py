@@ -51,8 +51,9 @@ cluster:
 WORLD = 16
 #: Groups each rank holds: default, the 5 mesh axes (pp, dp_replicate, dp_shard, cp, tp), the
 #: flattened dp, dp_cp and dp_shard_cp (dp_replicate_dp_shard_cp_tp spans the world and reuses
-#: the default group), and the MoE mesh's ep_shard and ep.
-GROUPS_PER_RANK = 11
+#: the default group), the MoE mesh's ep_shard and ep, and the worker's replica group (cp, tp)
+#: flattened after set-up (preflight.later_groups).
+GROUPS_PER_RANK = 12
 
 
 @pytest.fixture(scope="module")
@@ -101,9 +102,12 @@ def test_seed_without_patch_fails_naming_the_sub_groups(config: str, capfd: pyte
     assert report["decision"]["action"] == "not_forwarded"
     assert report["world_size"] == WORLD and report["launcher"] == "dry run"
     line = next(line for line in err.splitlines() if "FAILED" in line)
-    assert "cpu:gloo,cuda:nccl has 30 min, configured 45 min" in line, line
-    for axis in ("dp_shard", "cp", "tp", "moe.ep"):
-        assert axis in line.split(":")[2], line
+    assert "groups at torch's default, not the configured timeout: " in line, line
+    for axis in ("dp_shard", "cp", "tp", "cp_tp", "moe.ep"):  # cp_tp: made after set-up, as the worker makes it
+        assert axis in line.split(": ")[3].split(" (+")[0].split(", "), line
+    tp = next(problem for problem in report["problems"] if problem.startswith("group tp: "))
+    assert tp.startswith("group tp: cpu:gloo,cuda:nccl at torch's default 30 min, configured 45 min (group_desc "), tp
+    assert tp.endswith(", group ranks 0-1 | 2-3 | 4-5 | 6-7 | 8-9 | 10-11 | 12-13 | 14-15) (ranks 0-15)"), tp
     default = [row for row in _all_rows(report) if row["is_default"]]
     assert default and all(row["timeout_minutes"] == {"cpu": 45.0, "cuda": 45.0} for row in default)
     assert _state() == before
@@ -144,7 +148,7 @@ def test_table_says_what_was_checked(config: str, capfd: pytest.CaptureFixture[s
     assert f"checked ranks: all {WORLD}\n" in text
     assert f"process groups per rank (= NCCL communicators it will hold): {GROUPS_PER_RANK} on ranks" in text
     assert "not run (dry run)" in text and "CPU offload: full_tensor() check not run (dry run)" in text
-    assert "OK: every group carries the configured timeout on every backend (dry run" in text
+    assert "OK: every group torch holds carries the configured timeout on every backend (dry run" in text
 
 
 def test_steady_timeout_after_init_on_every_group(config: str, capfd: pytest.CaptureFixture[str]) -> None:
@@ -154,6 +158,8 @@ def test_steady_timeout_after_init_on_every_group(config: str, capfd: pytest.Cap
         for group in [*rank["rows"], *rank["groups"]]:
             assert group["timeout_minutes"] == {"cpu": 45.0, "cuda": 45.0}, group
             assert group["timeout_minutes_after_init"] == {"cpu": 10.0, "cuda": 10.0}, group
+        for row in rank["rows"]:  # as the audit judged each: the start-up value, then the steady one
+            assert row["sources"] == row["sources_after_init"] == {"cpu": "configured", "cuda": "configured"}, row
 
 
 #: The sample of a 128-rank world at dp_replicate 2, tp 2, cp 2, ep 4, worked out by hand. The mesh
@@ -320,7 +326,7 @@ def test_a_config_off_the_automodel_path_exits_1_saying_what_was_checked(
     assert f"preflight: FAILED: policy.dtensor_cfg.{key}: NeMo RL runs" in err, err[-3000:]
     assert "OK:" not in text, text
     assert (
-        "checked the Automodel path, which this config does not run (note above): every group carries the "
+        "checked the Automodel path, which this config does not run (note above): every group torch holds carries the "
         "configured timeout on every backend (dry run: no collective run)"
     ) in text.splitlines(), text
 
@@ -347,8 +353,8 @@ def test_a_dry_run_the_machine_cannot_finish_in_time_is_refused_at_once_with_its
     assert code == 2, err[-3000:]
     problem = report["problem"]
     assert problem.startswith(
-        "a dry run of 1000000 ranks is refused before it starts: 3 ranks to check at about 4,000,000 new_group calls "
-        "each: about 480 s"
+        "a dry run of 1000000 ranks is refused before it starts: 3 ranks to check at about 5,000,000 new_group calls "
+        "each: about 600 s"
     ), problem
     assert problem.endswith("past --timeout-s 300; raise --timeout-s to run it"), problem
     assert elapsed < 60, f"refused after {elapsed:.1f} s: nothing should have run"

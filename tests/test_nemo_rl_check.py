@@ -208,3 +208,39 @@ def test_junit_results(tmp_path: Path) -> None:
         "</testsuite></testsuites>"
     )
     assert list(check.junit_results(xml, tmp_path)) == ["t::test_x[examples/a.yaml]"]
+
+
+def _preflight_output(tree: Path, failed: str | None) -> str:
+    setup = tree / "nemo_rl" / "models" / "automodel" / "setup.py"
+    lines = ["preflight: 4 ranks (spawn), policy section", f"set-up: NeMo RL's own setup_distributed ({setup}); ..."]
+    return "\n".join([*lines, *([f"preflight: FAILED: {failed}"] if failed else [])])
+
+
+def test_preflight_verdict_wants_1_naming_groups_at_torch_s_default_unpatched_and_0_patched() -> None:
+    unpatched, patched = Path("/w/unpatched"), Path("/w/patched")
+    named = "10 groups at torch's default, not the configured timeout: default, pp (+10 more problems)"
+    assert check.preflight_verdict("unpatched", unpatched, 1, 1, _preflight_output(unpatched, named)) == []
+    assert check.preflight_verdict("patched", patched, 0, 0, _preflight_output(patched, None)) == []
+    # The series passing where NeMo RL as it is should fail, or failing where it should pass: found
+    assert check.preflight_verdict("unpatched", unpatched, 1, 0, _preflight_output(unpatched, None)) == [
+        "preflight --setup nemo-rl, unpatched: exited 0, expected 1"
+    ]
+    assert check.preflight_verdict("patched", patched, 0, 1, _preflight_output(patched, named))
+    # Exit 1 for another reason (a rank that failed) says nothing about the timeouts
+    crashed = check.preflight_verdict("unpatched", unpatched, 1, 1, _preflight_output(unpatched, "rank failed: boom"))
+    assert crashed == [
+        "preflight --setup nemo-rl, unpatched: exit 1 names no group at torch's default: "
+        "'preflight: FAILED: rank failed: boom'"
+    ]
+    # The other tree's set-up (or the shim's) ran: not a check of this tree
+    assert check.preflight_verdict("patched", patched, 0, 0, _preflight_output(unpatched, None))
+
+
+def test_the_preflight_runs_render_as_one_table() -> None:
+    runs = {
+        "unpatched, --cpu-offload": {"rc": 1, "expected": 1, "seconds": 36.0, "verdict": "preflight: FAILED: a | b"},
+        "patched, SGLang colocated (not judged)": {"rc": 1, "seconds": 60.0, "verdict": None},
+    }
+    text = check.render_markdown({"preflight": {"runs": runs}})
+    assert "| unpatched, --cpu-offload | 1 | 1 | `preflight: FAILED: a \\| b` | 36 s |" in text.splitlines(), text
+    assert "| patched, SGLang colocated (not judged) | 1 | not judged | `-` | 60 s |" in text.splitlines(), text

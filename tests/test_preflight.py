@@ -129,7 +129,8 @@ def test_default_run_exits_0_with_45_minutes_on_every_group(runs):
     default_run = runs["default"]
     assert default_run.returncode == 0, default_run.stderr[-3000:]
     rows = _table(default_run.stdout)
-    assert {"default", "pp", "dp_replicate", "dp_shard", "cp", "tp", "dp", "dp_cp", "dp_shard_cp"} <= set(rows)
+    # cp_tp: the worker's replica group, made after set-up (preflight.later_groups); every group torch holds is a row
+    assert {"default", "pp", "dp_replicate", "dp_shard", "cp", "tp", "dp", "dp_cp", "dp_shard_cp", "cp_tp"} <= set(rows)
     timeout, cpu, cuda = (COLUMNS.index(c) for c in ("timeout", "cpu all_reduce", "cuda all_reduce"))
     assert {name: cells[timeout] for name, cells in rows.items() if cells[timeout] != "45 min"} == {}
     assert {cells[cpu] for cells in rows.values()} == {"ok"}
@@ -173,12 +174,19 @@ def test_no_patch_on_0_7_0_leaves_cpu_subgroups_at_gloo_default_and_every_rank_f
     assert (report["launcher"], report["decision"]["action"]) == ("slurm", "forward")
     assert "sub-groups keep gloo's 30-minute default" in report["decision"]["warning"]
     line = _failure_line(stderr)
-    assert "has 30 min, configured 45 min (ranks 0-1)" in line
-    # Every group the mesh build made itself is short: the size-1 axes, and where torch gives a world-sized
-    # axis its own group rather than the default one (torch 2.9), that one too.
-    separate = [row["group"] for row in report["ranks"][0]["rows"] if not row["is_default"]]
-    assert {"pp", "dp_replicate", "cp", "tp"} <= set(separate), separate
-    assert line.startswith(f"preflight: FAILED: groups {', '.join(separate)}: "), (line, separate)
+    # Every group the mesh build made itself is at Gloo's default: the size-1 axes, and where torch gives a
+    # world-sized axis its own group rather than the default one (torch 2.9), that one too; and the worker's
+    # replica group (cp_tp), made after set-up, with them.
+    separate = [row["group"] for row in report["ranks"][0]["rows"] if not row["is_default"] and not row["same_as"]]
+    assert {"pp", "dp_replicate", "cp", "tp", "cp_tp"} <= set(separate), separate
+    assert line == (
+        f"preflight: FAILED: {len(separate)} groups at torch's default, not the configured timeout: "
+        f"{', '.join(separate)} (+{len(separate)} more problems)"
+    ), (line, separate)
+    assert (
+        "group tp: cpu:gloo,cuda:gloo at torch's default 30 min, configured 45 min (group_desc "
+        in report["problems"][separate.index("tp") + 1]
+    ), report["problems"]
 
 
 # --- pure parts -------------------------------------------------------------------------------
@@ -400,6 +408,106 @@ def test_find_problems_names_a_start_up_shortfall_per_half_and_per_value():
     ]
 
 
+# --- every group torch holds, as the audit judged it --------------------------------------------------------------
+
+
+def _at(source: str, minutes: float | None, **overrides: Any) -> GroupRow:
+    """A row whose every backend reads ``minutes``, judged ``source`` by the audit."""
+    backends = overrides.pop("backends", {"cpu": "gloo", "cuda": "nccl"})
+    return _row(
+        overrides.pop("group", "unnamed undefined"), backends=backends,
+        timeout_minutes=dict.fromkeys(backends, minutes), sources=dict.fromkeys(backends, source), **overrides,
+    )  # fmt: skip
+
+
+def test_every_group_left_at_torch_s_default_is_named_with_its_description_ranks_backends_and_value():
+    """A mesh axis and a group no mesh names (a refit group made later), each at torch's default on one of two ranks'
+    groups: one line names them all first, then one line per group with what the issue asks it to name."""
+    options = preflight.build_options()
+    ranks = [
+        _rank(rank, [
+            _at("configured", 45.0, group="default", ranks=(0, 1)),
+            _at("torch_default", 30.0, group="tp", desc="mesh_tp", ranks=(rank,)),
+            _at("torch_default", 30.0, named=False, desc="undefined", ranks=(rank,), backends={"cpu": "gloo"}),
+        ])
+        for rank in (0, 1)
+    ]  # fmt: skip
+    assert find_problems(ranks, options) == [
+        "2 groups at torch's default, not the configured timeout: tp, unnamed undefined",
+        "group tp: cpu:gloo,cuda:nccl at torch's default 30 min, configured 45 min (group_desc mesh_tp, group ranks "
+        "0 | 1) (ranks 0-1)",
+        "group unnamed undefined: cpu:gloo at torch's default 30 min, configured 45 min (group_desc undefined, group "
+        "ranks 0 | 1) (ranks 0-1)",
+    ]
+    one = [_rank(0, [_at("configured", 45.0, group="default"), _at("torch_default", 30.0, desc="undefined")])]
+    assert find_problems(one, options) == [  # one group: its line alone
+        "group unnamed undefined: cpu:gloo,cuda:nccl at torch's default 30 min, configured 45 min (group_desc "
+        "undefined, group ranks 0-1) (rank 0)"
+    ]
+    unset = preflight.build_options(overrides={"timeout_minutes": None})
+    unset = dataclasses.replace(unset, section={**unset.section, "automodel_cfg": {}})
+    assert find_problems(one, unset) == []  # nothing configured: torch's default is what was asked for
+
+
+def test_a_group_with_a_timeout_of_its_own_is_shown_as_such_and_is_no_problem_unless_a_mesh_names_it(monkeypatch):
+    own = _at("own", 20.0, named=False, timeout_minutes_after_init={"cpu": 20.0, "cuda": 20.0},
+              sources_after_init={"cpu": "own", "cuda": "own"})  # fmt: skip
+    steady = {"cpu": 10.0, "cuda": 10.0}
+    clean = _at("configured", 45.0, group="default", timeout_minutes_after_init=steady,
+                sources_after_init={"cpu": "configured", "cuda": "configured"})  # fmt: skip
+    options = preflight.build_options(overrides={"timeout_minutes_after_init": 10})
+    assert find_problems([_rank(0, [clean, own])], options) == []
+    report = _run_on(monkeypatch, _FakeRunner((_rank(0, [clean, own]),)), overrides={"timeout_minutes_after_init": 10})
+    text = preflight.render_report(report)
+    assert report.ok, report.problems
+    assert "20 min (own)" in next(line for line in text.splitlines() if line.startswith("unnamed undefined")), text
+    assert text.splitlines()[-2] == (
+        "OK: every group torch holds carries the configured timeout on every backend; collectives work; groups with a "
+        "timeout of their own: unnamed undefined"
+    ), text
+    mesh_axis = dataclasses.replace(own, group="tp", named=True)  # a mesh axis must carry the configured value
+    assert find_problems([_rank(0, [clean, mesh_axis])], options) == [
+        "group tp: cpu:gloo,cuda:nccl has 20 min, configured 45 min (rank 0)",
+        "group tp: cpu:gloo,cuda:nccl has 20 min after init, configured 10 min (rank 0)",
+    ]
+
+
+def test_a_value_within_c10d_s_millisecond_is_the_configured_one_and_one_beyond_it_is_not():
+    """c10d keeps whole milliseconds; a group made later gets the value plus half a millisecond
+    (``every_group.CREATION_SLACK``) that a backend may show: not a problem. 1.2 s off is."""
+    options = preflight.build_options()
+    slack = 45 + 0.0005 / 60
+    assert find_problems([_rank(0, [_row("cp_tp", timeout_minutes={"cpu": slack, "cuda": slack})])], options) == []
+    off = _row("cp_tp", timeout_minutes={"cpu": 45.02, "cuda": 45.0})
+    expected = "group cp_tp: cpu:gloo has 45.02 min, configured 45 min (rank 0)"
+    assert find_problems([_rank(0, [off])], options) == [expected]
+
+
+def test_a_group_made_later_that_kept_the_start_up_value_after_init_is_named():
+    """Configured at start-up, it must follow to the steady value: at 45 min after init it did not."""
+    later = _at("configured", 45.0, named=False, timeout_minutes_after_init={"cpu": 45.0, "cuda": 45.0},
+                sources_after_init={"cpu": "own", "cuda": "own"})  # fmt: skip
+    options = preflight.build_options(overrides={"timeout_minutes_after_init": 10})
+    assert find_problems([_rank(0, [later])], options) == [
+        "group unnamed undefined: cpu:gloo,cuda:nccl has 45 min after init, configured 10 min (rank 0)"
+    ]
+
+
+def test_a_timeout_that_cannot_be_read_is_not_checked_and_never_passes(monkeypatch):
+    """torch's bare fake backend keeps no timeout: the audit says unreadable, and the dry run must not call it OK."""
+    fake = _at("unreadable", None, group="tp", backends={"cpu": "fake", "cuda": "fake"})
+    options = dataclasses.replace(preflight.build_options(), dry_run=True)
+    assert find_problems([_rank(0, [_at("configured", 45.0, group="default"), fake])], options) == [
+        "group tp: cpu:fake,cuda:fake keeps no timeout that can be read: not checked against the configured 45 min "
+        "(rank 0)"
+    ]
+    text = preflight.render_report(
+        preflight.PreflightReport("dry run", 1, options, [_rank(0, [fake])], 1.0, problems=["x"])
+    )
+    cells = _table(text)["tp"]
+    assert cells[COLUMNS.index("timeout")] == "? min (unreadable)", cells
+
+
 def test_plan_ray_ranks_one_gpu_bundle_per_gpu_else_two_cpu_bundles():
     cpu = plan_ray_ranks(None, 0, 6)
     assert (cpu.world_size, bundle_of(cpu), cpu.env) == (2, {"CPU": 1}, {"CUDA_VISIBLE_DEVICES": ""})
@@ -424,16 +532,23 @@ def test_plan_ray_ranks_one_gpu_bundle_per_gpu_else_two_cpu_bundles():
 def test_a_rank_s_parameters_and_results_cross_a_process_as_json_and_come_back_equal():
     from nemo_rl_shim.cli.preflight.results import Node, RankParams, outcome_from_json
 
-    params = RankParams({"automodel_cfg": {"distributed_timeout_minutes": 45.0}}, "value", False, 1, 2.5, True)
+    section = {"automodel_cfg": {"distributed_timeout_minutes": 45.0}}
+    params = RankParams(section, "value", False, 1, 2.5, True, "nemo-rl")
     assert RankParams.from_json(json.loads(json.dumps(params.to_json()))) == params
     offload = OffloadCheck("m", mesh_ranks=(0, 1), ok=True, local_device="cpu", local_shape=(2, 4), full_shape=(4, 4))
     rows = [_row("default", is_default=True), _row("dp", same_as="default", timeout_minutes_after_init={"cpu": 9.0})]
+    unnamed = _row(
+        "unnamed undefined", named=False, desc="undefined", group_name="7", timeout_minutes={"cpu": None},
+        sources={"cpu": "unreadable"}, timeout_minutes_after_init={"cpu": 20.0}, sources_after_init={"cpu": "own"},
+    )  # fmt: skip
     node = Node("n1", "10.0.0.2", "h", 7)
     checked = dataclasses.replace(
-        _rank(1, rows, offload), gave_up="its cpu all_reduce on group default timed out", warnings=("w",), node=node
-    )
+        _rank(1, [*rows, unnamed], offload), gave_up="its cpu all_reduce on group default timed out", warnings=("w",),
+        node=node,
+    )  # fmt: skip
+    nemo_rl = dataclasses.replace(checked, decision=None, set_up="NeMo RL's own setup_distributed", later_groups=("r",))
     failed = RankFailed(2, "did not finish", True, "still running 15 s after x", "log", "all_reduce", 3.5, ("f:1",))
-    for outcome in (checked, failed):
+    for outcome in (checked, nemo_rl, failed):
         assert outcome_from_json(json.loads(json.dumps(outcome.to_json())), outcome.rank) == outcome
 
 
@@ -570,8 +685,8 @@ def test_a_config_off_the_checked_path_never_passes_and_says_what_was_checked(mo
     text = preflight.render_report(report)
     assert "OK" not in text, text
     assert (
-        "checked the Automodel path, which this config does not run (note above): every group carries the configured "
-        "timeout on every backend; collectives work"
+        "checked the Automodel path, which this config does not run (note above): every group torch holds carries the "
+        "configured timeout on every backend; collectives work"
     ) in text.splitlines()
 
 

@@ -142,6 +142,15 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
         default=None,
         help="with --dry-run above 64 ranks: a sample covering every group shape (default), or all ranks",
     )
+    p.add_argument(
+        "--setup",
+        choices=("shim", "nemo-rl"),
+        default="shim",
+        help="whose setup_distributed every rank runs: this project's (default), or NeMo RL's own "
+        "(nemo_rl.models.automodel.setup, where NeMo RL is importable; on a machine without CUDA, NCCL is stood in "
+        "by Gloo); either way the groups a NeMo RL worker makes later are made too, and every group torch holds "
+        "is checked",
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     # Fault injection for tests: this rank sleeps after set-up, so its peers wait on it in a collective.
     p.add_argument("--stall-rank", type=int, help=argparse.SUPPRESS)
@@ -227,6 +236,11 @@ def _usage_problem(args: argparse.Namespace) -> str | None:
         return "--ranks chooses the ranks of a dry run: add --dry-run, or leave --ranks out"
     if args.dry_run and args.ray is not None:
         return "--dry-run checks the world in this process, --ray on a cluster: choose one"
+    if args.dry_run and args.setup == "nemo-rl":
+        return (
+            "--setup nemo-rl runs NeMo RL's own set-up on real ranks; --dry-run plays the shim's on torch's fake "
+            "backend: choose one"
+        )
     return None
 
 
@@ -243,7 +257,7 @@ def _run_preflight(args: argparse.Namespace, out: TextIO) -> PreflightReport:
     options = preflight.build_options(
         args.config, args.role, overrides=overrides, patch=not args.no_patch, nproc=args.nproc,
         timeout_s=args.timeout_s, stall_rank=args.stall_rank, stall_s=args.stall_s, ray_address=args.ray,
-        recipe_overrides=args.overrides, world=args.world,
+        recipe_overrides=args.overrides, world=args.world, setup=args.setup,
     )  # fmt: skip
     if args.dry_run:
         options = dataclasses.replace(options, dry_run=True, all_ranks=args.ranks == "all")

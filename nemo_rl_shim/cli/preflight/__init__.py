@@ -5,8 +5,11 @@ The rooms:
 * :mod:`.options` - what to check, from a NeMo RL YAML and the flags, validated before any rank starts;
 * :mod:`.results` - the typed data at the seams: a rank's parameters, a group row, a rank's result
   (checked or failed), JSON only where they cross a process or a Ray actor;
-* :mod:`.rank_checks` - what every rank runs: the real ``setup_distributed``, then one row per group;
-* :mod:`.group_rows` - which groups a rank lists (the one seam for an audit of every group) and each row;
+* :mod:`.rank_checks` - what every rank runs: the real ``setup_distributed``, the groups a worker makes later,
+  then one row per group torch holds;
+* :mod:`.nemo_rl_setup` - ``--setup nemo-rl``: NeMo RL's own ``setup_distributed`` (NCCL stood in by Gloo on CPU);
+* :mod:`.later_groups` - the groups a NeMo RL worker makes after set-up, made as it makes them;
+* :mod:`.group_rows` - which groups a rank lists (every group torch holds, the one seam) and each row, from the audit;
 * :mod:`.runner` - the one interface of the four runners, who reports, and the rule "one rank per GPU, else
   2 CPU ranks" with the limits that refuse more;
 * :mod:`.spawn` (local processes), :mod:`.join` (a torchrun/srun world), :mod:`.ray_actors` (``--ray``),

@@ -12,16 +12,18 @@ no other process. Each rank's default group is the one the real run would have:
 Every process group a checked rank creates is recorded: its ranks, the backend of each
 device and each one's timeout. Their number is the number of NCCL communicators the rank
 will hold. The rows are built by the same code as every runner's
-(:func:`~nemo_rl_shim.cli.preflight.rank_checks.check_rank`): the groups the training code
-names, and a row ``unnamed <desc>`` for each group the rank created that no name reaches
-(none expected). A group without the configured timeout, or without its CPU half under CPU
-offload, is a problem (exit 1), as in preflight.
+(:func:`~nemo_rl_shim.cli.preflight.rank_checks.check_rank`): every group torch holds, the
+groups a NeMo RL worker makes after set-up included (:mod:`~nemo_rl_shim.cli.preflight.later_groups`),
+under the names the training code gives them, and the others under their description. A group
+without the configured timeout, at torch's default, with a timeout that cannot be read, or
+without its CPU half under CPU offload, is a problem (exit 1), as in preflight.
 
 Bounded: before any rank is played, the run is estimated (:func:`estimate`: a checked rank's
-cost is its ``new_group`` calls, one per group of the world, at :data:`SECONDS_PER_NEW_GROUP`
-and :data:`BYTES_PER_NEW_GROUP` each, measured). A run estimated past ``--timeout-s``, or past
-the memory this machine has available, is refused with the estimate (exit 2); otherwise the
-estimate is in the progress line, and ranks not reached by ``--timeout-s`` are named (exit 1).
+cost is its ``new_group`` calls, one per group of the world, the later groups' included, at
+:data:`SECONDS_PER_NEW_GROUP` and :data:`BYTES_PER_NEW_GROUP` each, measured). A run estimated
+past ``--timeout-s``, or past the memory this machine has available, is refused with the
+estimate (exit 2); otherwise the estimate is in the progress line, and ranks not reached by
+``--timeout-s`` are named (exit 1).
 
 Which ranks (:func:`sample_ranks`): every rank of a world of up to :data:`ALL_RANKS_UP_TO`;
 above it a sample, or all of them with ``--ranks all``. The mesh is Automodel's
@@ -47,14 +49,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from nemo_rl_shim.cli.preflight.fake_backend import GPUS_PER_NODE, FakeBackend, GroupRecord, fake_backend
-from nemo_rl_shim.cli.preflight.group_rows import GroupListing, groups_to_check
+from nemo_rl_shim.cli.preflight.fake_backend import GPUS_PER_NODE, FakeBackend, fake_backend
+from nemo_rl_shim.cli.preflight.later_groups import refit_gpus_per_engine
 from nemo_rl_shim.cli.preflight.options import MIN_RANKS, PreflightOptions
 from nemo_rl_shim.cli.preflight.rank_checks import check_rank
+from nemo_rl_shim.cli.preflight.report import groups_line
 from nemo_rl_shim.cli.preflight.results import (
     CreatedGroup,
     DryRunFacts,
-    GroupRow,
     RankChecked,
     RankFailed,
     RankOutcome,
@@ -71,7 +73,6 @@ from nemo_rl_shim.cli.preflight.runner import (
 )
 from nemo_rl_shim.cli.preflight.stuck import past_deadline
 from nemo_rl_shim.distributed_setup import ParallelSizes, check_layout, parallel_sizes
-from nemo_rl_shim.rank_ranges import format_ranks
 
 __all__ = [
     "ALL_RANKS_UP_TO",
@@ -82,6 +83,7 @@ __all__ = [
     "Estimate",
     "Mesh",
     "estimate",
+    "later_sizes",
     "mesh_of",
     "sample_ranks",
 ]
@@ -187,16 +189,25 @@ class Estimate:
         )
 
 
-def estimate(mesh: Mesh, world_size: int, checked: int) -> Estimate:
+def estimate(mesh: Mesh, world_size: int, checked: int, later: Sequence[int] = ()) -> Estimate:
     """The cost of checking ``checked`` ranks of a ``world_size`` world laid out as ``mesh``.
 
     Every rank calls ``new_group`` for every group of the world (torch's rule): for each axis of
     the mesh (pp, of size 1 here, included) and of the MoE mesh, ``world_size / size`` groups; an axis
-    that spans the world reuses the default group. The flattened axes add a few more.
+    that spans the world reuses the default group. The flattened axes add a few more. ``later``: the
+    group sizes of the groups made after set-up (:func:`later_sizes`), ``world_size / size`` calls each.
     """
     axes = (("pp", 1), *mesh.axes, *mesh.moe_axes)
     calls = sum(world_size // size for _, size in axes if size < world_size)
-    return Estimate(checked, calls)
+    return Estimate(checked, calls + sum(world_size // size for size in later))
+
+
+def later_sizes(options: PreflightOptions, sizes: ParallelSizes) -> tuple[int, ...]:
+    """The sizes of the groups a worker makes after set-up (:mod:`~nemo_rl_shim.cli.preflight.later_groups`): the
+    ``(cp, tp)`` replica group of a policy worker, and SGLang's refit groups where the section makes them."""
+    replica = (sizes.cp * sizes.tp,) if options.role == "policy" else ()
+    refit = refit_gpus_per_engine(options.section, options.role)
+    return (*replica, *(() if refit is None else (refit,)))
 
 
 def _refuse_beyond(cost: Estimate, world_size: int, options: PreflightOptions, available_mib: int | None) -> None:
@@ -215,27 +226,6 @@ def _refuse_beyond(cost: Estimate, world_size: int, options: PreflightOptions, a
         )
 
 
-def _with_unnamed(records: list[GroupRecord]) -> GroupListing:
-    """The listing of :func:`~nemo_rl_shim.cli.preflight.group_rows.groups_to_check`, then each group the rank created
-    that no name reaches (none expected), as ``unnamed <desc>``: so every group it holds gets a row."""
-
-    def listing(context: Any) -> dict[str, Any]:
-        groups = groups_to_check(context)
-        listed = {id(group) for group in groups.values()}
-        for record in records:
-            if id(record.group) in listed:
-                continue
-            name, n = f"unnamed {record.desc or 'group'}", 1
-            while name in groups:
-                n += 1
-                name = f"unnamed {record.desc or 'group'} ({n})"
-            groups[name] = record.group
-            listed.add(id(record.group))
-        return groups
-
-    return listing
-
-
 def _check_one(world: FakeBackend, rank: int, params: RankParams) -> RankOutcome:
     """One rank's result, as any runner's rank returns it, with the groups it created (:class:`DryRunFacts`).
 
@@ -252,7 +242,7 @@ def _check_one(world: FakeBackend, rank: int, params: RankParams) -> RankOutcome
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", UserWarning)  # DeviceMesh: "did not set the default device"
-                result = check_rank(params, phase, listing=_with_unnamed(records))
+                result = check_rank(params, phase)
         except (ValueError, NotImplementedError) as e:  # the set-up's own input checks: the same on every rank
             raise ValueError(f"the layout cannot be built on {world.world_size} ranks: {e}") from e
         except Exception:  # anything else is a finding about this rank, as a spawned rank's failure is
@@ -265,33 +255,13 @@ def _check_one(world: FakeBackend, rank: int, params: RankParams) -> RankOutcome
         return dataclasses.replace(result, dry_run=DryRunFacts(tuple(created), world.new_group_calls))
 
 
-def _shared(rows: Sequence[GroupRow]) -> str:
-    """``"dp_shard, dp are the default group"``: rows that are the same group as an earlier row."""
-    same: dict[str, list[str]] = {}
-    for row in rows:
-        if row.same_as is not None:
-            same.setdefault(row.same_as, []).append(row.group)
-    return "; ".join(f"{', '.join(names)} {'are' if len(names) > 1 else 'is'} group {of}" for of, names in same.items())
-
-
 def _groups_line(ranks: Sequence[RankChecked]) -> str:
-    """How many groups each checked rank holds, and how the table's rows show them (a row per name: names of
-    the same group share it)."""
-    by_shape: dict[tuple[int, int, str], list[int]] = {}
-    for result in ranks:
-        groups = result.dry_run.process_groups if result.dry_run is not None else len(result.rows)
-        by_shape.setdefault((groups, len(result.rows), _shared(result.rows)), []).append(result.rank)
-    parts = []
-    for (groups, rows, shared), on in sorted(by_shape.items()):
-        part = f"{groups} on rank{'s' * (len(on) > 1)} {format_ranks(on)}"
-        if rows != groups:
-            part += f", shown as the table's {rows} rows" + (f" ({shared})" if shared else "")
-        parts.append(part)
+    """How many groups each checked rank holds, and how the table's rows show them (:func:`.report.groups_line`),
+    with the ``new_group`` calls each made."""
+    title = "process groups per rank (= NCCL communicators it will hold)"
+    line = groups_line(ranks, title, lambda r: r.dry_run.process_groups if r.dry_run is not None else len(r.rows))
     calls = next((r.dry_run.new_group_calls for r in ranks if r.dry_run is not None), 0)
-    return (
-        f"process groups per rank (= NCCL communicators it will hold): {'; '.join(parts) or 'none checked'}; "
-        f"new_group calls per rank: {calls}"
-    )
+    return f"{line}; new_group calls per rank: {calls}"
 
 
 def _details(
@@ -343,7 +313,7 @@ class DryRunner(Runner):
         sizes = _check_input(options, world_size)
         mesh = mesh_of(sizes, world_size)
         checked = sample_ranks(mesh, world_size, every_rank=options.all_ranks)
-        cost = estimate(mesh, world_size, len(checked))
+        cost = estimate(mesh, world_size, len(checked), later_sizes(options, sizes))
         _refuse_beyond(cost, world_size, options, self.available_mib)
         params = dataclasses.replace(
             options.rank_params(), section=_without_recorder(options.section), dry_run=True, stall_rank=None

@@ -62,11 +62,19 @@ GPUS_PER_NODE = 8
 _REAL_CLASSES = {"nccl": "ProcessGroupNCCL", "gloo": "ProcessGroupGloo"}
 
 
+_MILLISECOND = datetime.timedelta(milliseconds=1)
+
+
+def _whole_milliseconds(timeout: datetime.timedelta) -> datetime.timedelta:
+    """``timeout`` as c10d keeps it: whole milliseconds (a ``std::chrono::milliseconds``), the rest dropped."""
+    return (timeout // _MILLISECOND) * _MILLISECOND
+
+
 class _Options:
-    """A backend's options as the shim reads them: ``_timeout``."""
+    """A backend's options as the shim reads them: ``_timeout``, in whole milliseconds as c10d keeps it."""
 
     def __init__(self, timeout: datetime.timedelta) -> None:
-        self._timeout = timeout
+        self._timeout = _whole_milliseconds(timeout)
 
 
 class _Half:
@@ -91,7 +99,7 @@ class _Half:
         return self._name
 
     def _set_default_timeout(self, timeout: datetime.timedelta) -> None:
-        self.options._timeout = timeout
+        self.options._timeout = _whole_milliseconds(timeout)
 
     set_timeout = _set_default_timeout
 

@@ -17,7 +17,8 @@ from typing import Any
 
 from nemo_rl_shim import config as cfg
 from nemo_rl_shim.cli.nemo_rl import read_config, training_world_of, worker_note
-from nemo_rl_shim.cli.preflight.results import RankParams
+from nemo_rl_shim.cli.preflight.later_groups import refit_gpus_per_engine
+from nemo_rl_shim.cli.preflight.results import NEMO_RL_SETUP, SETUPS, SHIM_SETUP, RankParams
 from nemo_rl_shim.distributed_setup import parallel_sizes
 
 __all__ = [
@@ -63,6 +64,8 @@ class PreflightOptions:
     #: Set when the config runs this role on a worker that does not build Automodel's meshes
     #: (:func:`nemo_rl_shim.cli.nemo_rl.worker_note`); the report shows it.
     worker_note: str | None = None
+    #: ``--setup``: whose ``setup_distributed`` every rank runs (:data:`~.results.SETUPS`).
+    setup: str = SHIM_SETUP
 
     @property
     def timeout_minutes(self) -> float | None:
@@ -84,7 +87,9 @@ class PreflightOptions:
 
     def rank_params(self) -> RankParams:
         """What every rank's :func:`~nemo_rl_shim.cli.preflight.rank_checks.check_rank` receives."""
-        return RankParams(self.section, self.role, self.cpu_offload, self.stall_rank, self.stall_s, self.dry_run)
+        return RankParams(
+            self.section, self.role, self.cpu_offload, self.stall_rank, self.stall_s, self.dry_run, self.setup
+        )
 
 
 _AUTOMODEL_OVERRIDES = {
@@ -163,6 +168,32 @@ def _apply_flags(section: dict[str, Any], role: cfg.Role, overrides: Mapping[str
     return cpu_offload
 
 
+#: The ``automodel_cfg`` keys only the shim's set-up reads: NeMo RL's own set-up cannot be checked against them.
+_SHIM_ONLY_KEYS = ("distributed_timeout_minutes_after_init", "learned_timeouts", "flight_recorder")
+
+
+def _check_setup(setup: str, section: Mapping[str, Any], role: cfg.Role) -> None:
+    """``--setup``: a known one; for NeMo RL's, NeMo RL importable here and no key only the shim reads."""
+    if setup not in SETUPS:
+        raise ValueError(f"--setup must be one of {', '.join(SETUPS)}, got {setup!r}")
+    if setup != NEMO_RL_SETUP:
+        return
+    from nemo_rl_shim.cli.preflight.nemo_rl_setup import nemo_rl_missing
+
+    missing = nemo_rl_missing()
+    if missing is not None:
+        raise ValueError(missing)
+    automodel = section.get("automodel_cfg") or {}
+    for key in _SHIM_ONLY_KEYS:
+        value = automodel.get(key)
+        if value is not None and not (key == "flight_recorder" and not value.get("enabled")):
+            raise ValueError(
+                f"{role}.automodel_cfg.{key} is {value!r}, but --setup nemo-rl runs NeMo RL's own set-up, which reads "
+                "only distributed_timeout_minutes: remove the key (or its flag), or check the shim's set-up "
+                "(--setup shim)"
+            )
+
+
 def build_options(
     config_path: str | None = None,
     role: cfg.Role = "policy",
@@ -176,6 +207,7 @@ def build_options(
     ray_address: str | None = None,
     recipe_overrides: Sequence[str] = (),
     world: int | None = None,
+    setup: str = SHIM_SETUP,
 ) -> PreflightOptions:
     """Options from a NeMo RL YAML (its ``role`` section) or the embedded default, then ``overrides``.
 
@@ -187,7 +219,8 @@ def build_options(
     ``overrides`` keys: ``timeout_minutes``, ``timeout_minutes_after_init``, ``cpu_offload``,
     ``tp``, ``cp``, ``ep``, ``dp_replicate``; None values are ignored. ``patch=False`` sets
     ``automodel_cfg.patch_automodel: false``. Everything is validated here, before any rank
-    starts; errors are ``ValueError`` naming the key and the value.
+    starts; errors are ``ValueError`` naming the key and the value. ``setup`` (``--setup``): the shim's set-up,
+    or NeMo RL's own, refused where NeMo RL is not importable and with keys only the shim reads.
     """
     if role not in cfg.ROLES:
         raise ValueError(f"role must be one of {', '.join(cfg.ROLES)}, got {role!r}")
@@ -195,6 +228,8 @@ def build_options(
     section = _base_section(config, config_path, role)
     training = training_world_of(config, role, world)
     cpu_offload = _apply_flags(section, role, overrides or {}, patch)
+    _check_setup(setup, section, role)
+    refit_gpus_per_engine(section, role)  # the SGLang refit groups' size, if any: checked before any rank
     if nproc is not None and nproc < MIN_RANKS:
         raise ValueError(f"--nproc must be at least {MIN_RANKS}, got {nproc}")
     if not timeout_s > 0:
@@ -204,5 +239,5 @@ def build_options(
     return PreflightOptions(
         section, role, cpu_offload, nproc, float(timeout_s), stall_rank, float(stall_s), ray_address,
         world_size=training.size if training else None, world_source=training.source if training else None,
-        worker_note=worker_note(section, role) if config_path is not None else None,
+        worker_note=worker_note(section, role) if config_path is not None else None, setup=setup,
     )  # fmt: skip

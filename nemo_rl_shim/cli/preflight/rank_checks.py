@@ -2,12 +2,16 @@
 
 :func:`check_rank` runs on every rank: spawned by :func:`nemo_rl_shim.cli.preflight.spawn.spawn_ranks`,
 under torchrun / srun, in a Ray actor (:mod:`nemo_rl_shim.cli.preflight.ray_actors`), or played by the dry
-run. It calls the real :func:`~nemo_rl_shim.distributed_setup.setup_distributed`, then, for each group
-the listing gives (:func:`~nemo_rl_shim.cli.preflight.group_rows.groups_to_check`, the seam), reads its
-ranks, backend per device and timeout per backend from the group itself, and runs a CPU and a CUDA
-all-reduce on it. With CPU offload it also shards a parameter with FSDP2's ``CPUOffloadPolicy`` on the
-``dp`` mesh and rebuilds it with ``full_tensor()``. Failures are recorded, not raised, so the parent can
-name them; the rank leaves its process groups up (the caller tears them down after gathering).
+run. It calls the real set-up: the shim's :func:`~nemo_rl_shim.distributed_setup.setup_distributed`, or
+with ``--setup nemo-rl`` NeMo RL's own (:mod:`~nemo_rl_shim.cli.preflight.nemo_rl_setup`). Then it makes
+the groups a NeMo RL worker makes after set-up, as the worker makes them
+(:mod:`~nemo_rl_shim.cli.preflight.later_groups`), audits every process group torch holds
+(:func:`nemo_rl_shim.audit.audit_groups`, against the section's configured timeout), and for each group
+the listing gives (:func:`~nemo_rl_shim.cli.preflight.group_rows.groups_to_check`, the seam: every group)
+records its ranks, backend per device, timeout per backend and where that came from, and runs a CPU and
+a CUDA all-reduce on it. With CPU offload it also shards a parameter with FSDP2's ``CPUOffloadPolicy`` on
+the ``dp`` mesh and rebuilds it with ``full_tensor()``. Failures are recorded, not raised, so the parent
+can name them; the rank leaves its process groups up (the caller tears them down after gathering).
 
 It takes a :class:`~nemo_rl_shim.cli.preflight.results.RankParams` and returns a
 :class:`~nemo_rl_shim.cli.preflight.results.RankChecked`; :func:`check_rank_json` is the same across a
@@ -22,6 +26,7 @@ ends the run, :func:`nemo_rl_shim.cli.preflight.spawn.spawn_ranks`).
 
 from __future__ import annotations
 
+import datetime
 import os
 import socket
 import time
@@ -32,8 +37,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from nemo_rl_shim.cli.preflight.group_rows import GroupListing, groups_to_check, row_of, with_steady_timeouts
-from nemo_rl_shim.cli.preflight.results import GroupRow, OffloadCheck, RankChecked, RankParams
+from nemo_rl_shim import config as cfg
+from nemo_rl_shim.audit import GroupAudit, audit_groups
+from nemo_rl_shim.cli.preflight.group_rows import audit_of, groups_to_check, row_of, with_steady_timeouts
+from nemo_rl_shim.cli.preflight.later_groups import make_later_groups
+from nemo_rl_shim.cli.preflight.results import NEMO_RL_SETUP, GroupRow, OffloadCheck, RankChecked, RankParams
 from nemo_rl_shim.distributed_setup import RuntimeConfig, setup_distributed
 from nemo_rl_shim.error_line import first_line
 from nemo_rl_shim.flight_recorder import dump_on_timeout
@@ -91,7 +99,9 @@ def _lost_a_peer(row: GroupRow) -> str | None:
     return None
 
 
-def _group_row(name: str, group: Any, earlier: Mapping[str, Any], params: RankParams, skip: bool) -> GroupRow:
+def _group_row(
+    name: str, group: Any, earlier: Mapping[str, Any], audited: GroupAudit, params: RankParams, skip: bool
+) -> GroupRow:
     """The row of one group, with its collectives run (or not run in a dry run, or skipped after a lost peer)."""
     if skip:
         cpu = cuda = SKIPPED
@@ -100,7 +110,7 @@ def _group_row(name: str, group: Any, earlier: Mapping[str, Any], params: RankPa
     else:
         backends = group_backends(group)
         cpu, cuda = _cpu_all_reduce(group, backends, params.cpu_offload), _cuda_all_reduce(group, backends)
-    return row_of(name, group, earlier, cpu, cuda)
+    return row_of(name, group, earlier, audited, cpu, cuda)
 
 
 def _offload_check(device_mesh: Any) -> OffloadCheck:
@@ -140,15 +150,33 @@ def _cuda_device() -> int:
     return local_rank if local_rank < torch.cuda.device_count() else 0
 
 
-def check_rank(
-    params: RankParams, phase: Callable[[str], None] | None = None, listing: GroupListing = groups_to_check
-) -> RankChecked:
+def _configured(params: RankParams) -> tuple[datetime.timedelta | None, datetime.timedelta | None]:
+    """The section's start-up and steady-state timeouts (validated before any rank started), or None."""
+    where = f"{params.role}.automodel_cfg"
+    block = cfg.automodel_cfg({params.role: params.section}, params.role)  # type: ignore[dict-item]
+    startup = cfg.distributed_timeout_minutes(block, where)
+    steady = cfg.distributed_timeout_minutes_after_init(block, where)
+    return (
+        None if startup is None else datetime.timedelta(minutes=startup),
+        None if steady is None else datetime.timedelta(minutes=steady),
+    )
+
+
+def _set_up(params: RankParams) -> tuple[Any, str | None]:
+    """The set-up ``params`` ask for, run on this rank: its context, and (NeMo RL's) what ran, in words."""
+    if params.setup == NEMO_RL_SETUP:
+        from nemo_rl_shim.cli.preflight.nemo_rl_setup import set_up
+
+        return set_up(params.section, params.role, params.cpu_offload)
+    runtime = RuntimeConfig(cpu_offload=params.cpu_offload)
+    return setup_distributed(dict(params.section), runtime, role=params.role), None  # type: ignore[arg-type]
+
+
+def check_rank(params: RankParams, phase: Callable[[str], None] | None = None) -> RankChecked:
     """Set up this rank for real and return its facts; see the module docstring.
 
     ``phase`` is told what the rank is doing as it goes, so a runner that gives up on a stuck rank
-    can say where it was. ``listing`` gives the groups to check from the set-up's context
-    (:func:`~nemo_rl_shim.cli.preflight.group_rows.groups_to_check`, the seam, unless the caller
-    adds to it). ``params.stall_rank`` (fault injection) sleeps ``params.stall_s`` after set-up.
+    can say where it was. ``params.stall_rank`` (fault injection) sleeps ``params.stall_s`` after set-up.
     """
     phase = phase or (lambda what: None)
     rank = int(os.environ["RANK"])
@@ -158,19 +186,22 @@ def check_rank(
     # The decision's warning is in the report; recorded here so it is not printed once per rank.
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", RuntimeWarning)
-        context = setup_distributed(dict(params.section), RuntimeConfig(cpu_offload=params.cpu_offload),
-                                    role=params.role)  # type: ignore[arg-type]  # fmt: skip
+        context, set_up = _set_up(params)
+    phase("the groups a worker makes after set-up")
+    later = make_later_groups(context, params.section, params.role, nemo_rl=params.setup == NEMO_RL_SETUP)
     if params.stall_rank == rank:
         phase(f"stalling {params.stall_s:g} s after set-up (fault injection)")
         print(f"rank {rank}: stalling {params.stall_s:g} s after set-up (fault injection)", flush=True)
         time.sleep(params.stall_s)
-    groups = listing(context)
+    startup, steady = _configured(params)
+    groups = groups_to_check(context)
+    audited = audit_of(audit_groups(context, configured=startup))
     rows: list[GroupRow] = []
     seen: dict[str, Any] = {}
     gave_up = None
     for name, group in groups.items():
         phase(f"all_reduce on group {name}")
-        rows.append(_group_row(name, group, seen, params, skip=gave_up is not None))
+        rows.append(_group_row(name, group, seen, audited[str(group.group_name)], params, skip=gave_up is not None))
         seen[name] = group
         gave_up = gave_up or _lost_a_peer(rows[-1])
     offload = None
@@ -180,21 +211,24 @@ def check_rank(
         offload = _offload_check(context.device_mesh) if gave_up is None else skipped
     phase("after_first_step")
     checked = tuple(rows)
-    if gave_up is None and after_first_step(context):
-        checked = with_steady_timeouts(checked, groups)
+    if gave_up is None and set_up is None and after_first_step(context):
+        checked = with_steady_timeouts(checked, audit_groups(context, configured=steady))
     phase("done")
+    decision = getattr(context, "decision", None)
     return RankChecked(
         rank=rank,
         host=socket.gethostname(),
         world_size=dist.get_world_size(),
         default_backend=str(dist.get_backend()),
         device="cuda" if torch.cuda.is_available() else "cpu",
-        decision=context.decision.to_dict(),
-        timeout_minutes_after_init=context.timeout_minutes_after_init,
+        decision=None if decision is None else decision.to_dict(),
+        timeout_minutes_after_init=getattr(context, "timeout_minutes_after_init", None),
         rows=checked,
         offload=offload,
         gave_up=gave_up,
         warnings=tuple(str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)),
+        set_up=set_up,
+        later_groups=later,
     )
 
 

@@ -2,23 +2,34 @@
 
 :class:`PreflightReport` holds every rank's result (:data:`~nemo_rl_shim.cli.preflight.results.RankOutcome`:
 what :func:`~nemo_rl_shim.cli.preflight.rank_checks.check_rank` returned, or the rank's failure);
-:func:`find_problems` reads the configured values from the options and lists every mismatch;
+:func:`find_problems` reads the configured values from the options and lists every mismatch. The rows are
+every group torch holds, each backend's timeout judged by the audit (:class:`nemo_rl_shim.audit.TimeoutSource`).
+With a timeout configured:
+
+* a backend at torch's default is a problem, on any group: the line names the group (its name or
+  description), its ranks, the backend and the value; when several groups are, a first line names them all;
+* a group the meshes name (the default group, a mesh, flattened or MoE axis) must carry the configured
+  value: any other is a problem, as is a missing CPU half under CPU offload;
+* any other group with a value of its own keeps it: shown as ``(own)``, not a problem;
+* a backend whose timeout cannot be read (torch's bare ``fake`` backend) is a problem: it was not checked.
+
 :func:`off_the_checked_path` says when the config's job does not run on the path that was checked;
 :func:`render_report` prints the table. Pure functions of data: nothing here touches torch.distributed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from nemo_rl_shim.cli.preflight.options import PreflightOptions
 from nemo_rl_shim.cli.preflight.results import GroupRow, RankChecked, RankFailed, RankOutcome
 from nemo_rl_shim.cli.preflight.stuck import after_grace, past_deadline, ranks_named
+from nemo_rl_shim.every_group import RESOLUTION, TimeoutSource
 from nemo_rl_shim.rank_ranges import format_ranks
 
-__all__ = ["COLUMNS", "PreflightReport", "find_problems", "off_the_checked_path", "render_report"]
+__all__ = ["COLUMNS", "PreflightReport", "find_problems", "groups_line", "off_the_checked_path", "render_report"]
 
 
 @dataclass
@@ -77,7 +88,8 @@ class PreflightReport:
             "cpu_offload": self.options.cpu_offload,
             "timeout_minutes": self.options.timeout_minutes,
             "timeout_minutes_after_init": self.options.timeout_minutes_after_init,
-            "decision": None if first is None else dict(first.decision),
+            "decision": None if first is None or first.decision is None else dict(first.decision),
+            "setup": self.options.setup,
             "default_backend": None if first is None else first.default_backend,
             "ranks": [rank.to_json() for rank in self.ranks],
             **self.facts,
@@ -103,30 +115,92 @@ def _merge(found: list[_Found]) -> list[str]:
     ]
 
 
-def _fmt(minutes: float) -> str:
-    return f"{minutes:g} min"
+def _fmt(minutes: float | None) -> str:
+    return "? min" if minutes is None else f"{minutes:g} min"
 
 
-def _off_timeouts(row: GroupRow, minutes: Mapping[str, float] | None, expected: float | None, when: str) -> list[str]:
-    """``"cpu:gloo,cuda:gloo has 30 min, configured 45 min"`` per distinct wrong value on the row's backends."""
+_DEFAULT, _OWN, _UNREADABLE = TimeoutSource.TORCH_DEFAULT.value, TimeoutSource.OWN.value, TimeoutSource.UNREADABLE.value
+#: c10d keeps a timeout in whole milliseconds: two values closer than this are one (``every_group.RESOLUTION``).
+_RESOLUTION_MIN = RESOLUTION.total_seconds() / 60
+
+
+def _keeps_its_own(row: GroupRow, device: str) -> bool:
+    """A group no mesh names, whose backend had a value of its own at start-up: it keeps it through every phase."""
+    return not row.named and row.sources.get(device) == _OWN
+
+
+@dataclass
+class _AtDefault:
+    """One row name's backends at torch's default, over every rank: its description, group ranks, and the ranks."""
+
+    desc: str
+    groups: list[tuple[int, ...]] = field(default_factory=list)
+    ranks: list[int] = field(default_factory=list)
+
+
+def _timeout_problems(
+    row: GroupRow, minutes: Mapping[str, float | None] | None, sources: Mapping[str, str] | None,
+    expected: float | None, when: str,
+) -> tuple[list[str], str | None]:  # fmt: skip
+    """The problems of one phase's timeouts on ``row``: (value and unreadable problems, the at-default detail or
+    None). ``"cpu:gloo,cuda:gloo has 30 min, configured 45 min"`` per distinct wrong value."""
     if expected is None or minutes is None:
-        return []
-    wrong: dict[float, list[str]] = {}
+        return [], None
+    sources = sources or {}
+    wrong: dict[float | None, list[str]] = {}
+    at_default: dict[float | None, list[str]] = {}
+    unreadable: list[str] = []
     for device, timeout in minutes.items():
-        if timeout != expected:
-            wrong.setdefault(timeout, []).append(f"{device}:{row.backends.get(device, '?')}")
-    return [f"{','.join(b)} has {_fmt(t)}{when}, configured {_fmt(expected)}" for t, b in wrong.items()]
+        backend = f"{device}:{row.backends.get(device, '?')}"
+        source = sources.get(device)
+        if source == _DEFAULT:
+            at_default.setdefault(timeout, []).append(backend)
+        elif source == _UNREADABLE or timeout is None:
+            unreadable.append(backend)
+        elif _keeps_its_own(row, device):
+            continue
+        elif abs(timeout - expected) >= _RESOLUTION_MIN:
+            wrong.setdefault(timeout, []).append(backend)
+    found = [f"{','.join(b)} has {_fmt(t)}{when}, configured {_fmt(expected)}" for t, b in wrong.items()]
+    if unreadable:
+        found.append(
+            f"{','.join(unreadable)} keeps no timeout that can be read{when}: not checked against the configured "
+            f"{_fmt(expected)}"
+        )
+    default = "; ".join(f"{','.join(b)} at torch's default {_fmt(t)}{when}" for t, b in at_default.items())
+    return found, (f"{default}, configured {_fmt(expected)}" if default else None)
 
 
-def _row_problems(row: GroupRow, startup: float | None, steady: float | None, offload: bool) -> list[str]:
-    found = _off_timeouts(row, row.timeout_minutes, startup, "")
+def _row_problems(
+    row: GroupRow, startup: float | None, steady: float | None, offload: bool
+) -> tuple[list[str], list[str]]:
+    """The row's problems, and its at-default details (start-up, then after init)."""
+    found, default = _timeout_problems(row, row.timeout_minutes, row.sources, startup, "")
+    defaults = [default] if default else []
     if offload and "cpu" not in row.backends:
         backends = ",".join(f"{d}:{b}" for d, b in row.backends.items()) or "none"
         found.append(f"no CPU backend under CPU offload (backends {backends})")
     for kind, outcome in (("cpu", row.cpu_all_reduce), ("cuda", row.cuda_all_reduce)):
         if outcome.startswith("failed"):
             found.append(f"{kind.upper()} all_reduce {outcome}")
-    return found + _off_timeouts(row, row.timeout_minutes_after_init, steady, " after init")
+    steady_found, steady_default = _timeout_problems(
+        row, row.timeout_minutes_after_init, row.sources_after_init, steady, " after init"
+    )
+    return found + steady_found, defaults + ([steady_default] if steady_default else [])
+
+
+def _default_lines(at_default: Mapping[tuple[str, str], _AtDefault]) -> list[str]:
+    """One line per group name left at torch's default (its description, its groups' ranks, the ranks that hold
+    it), after a first line naming them all when there are several."""
+    lines = []
+    for (name, detail), seen in at_default.items():
+        groups = " | ".join(dict.fromkeys(format_ranks(ranks) for ranks in seen.groups))
+        where = f"group_desc {seen.desc}, group ranks {groups}"
+        lines.append(f"group {name}: {detail} ({where}) ({ranks_named(seen.ranks)})")
+    names = list(dict.fromkeys(name for name, _ in at_default))
+    if len(names) > 1:
+        lines.insert(0, f"{len(names)} groups at torch's default, not the configured timeout: {', '.join(names)}")
+    return lines
 
 
 def _last_line(text: str | None) -> str:
@@ -154,15 +228,20 @@ def find_problems(ranks: Sequence[RankOutcome], options: PreflightOptions, timed
         return [after_grace(stuck, why, "a rank is stuck in a collective")]
     startup, steady = options.timeout_minutes, options.timeout_minutes_after_init
     found: list[_Found] = []
+    at_default: dict[tuple[str, str], _AtDefault] = {}
     for result in (r for r in ranks if isinstance(r, RankChecked)):
         for row in result.rows:
-            problems = _row_problems(row, startup, steady, options.cpu_offload)
+            problems, defaults = _row_problems(row, startup, steady, options.cpu_offload)
             found += [(p, row.group, result.rank) for p in problems]
+            for detail in defaults if row.same_as is None else ():  # an alias: judged under its first name
+                seen = at_default.setdefault((row.group, detail), _AtDefault(row.desc or row.group))
+                seen.groups.append(row.ranks)
+                seen.ranks.append(result.rank)
         offload = result.offload
         if offload is not None and offload.skipped is None and not offload.ok:
             detail = f"full_tensor() of a CPU-offloaded parameter on mesh {offload.mesh} failed: {offload.error}"
             found.append((detail, None, result.rank))
-    return _merge(found)
+    return _default_lines(at_default) + _merge(found)
 
 
 def off_the_checked_path(options: PreflightOptions) -> str | None:
@@ -180,25 +259,34 @@ def off_the_checked_path(options: PreflightOptions) -> str | None:
 COLUMNS = ("group", "ranks", "backends", "timeout", "after init", "cpu all_reduce", "cuda all_reduce")
 
 
-def _timeouts(minutes: dict[str, float] | None) -> str:
+#: How the table marks a timeout that is not the configured value.
+_MARKS = {_DEFAULT: "torch default", _OWN: "own", _UNREADABLE: "unreadable"}
+
+
+def _timeouts(minutes: Mapping[str, float | None] | None, sources: Mapping[str, str] | None = None) -> str:
+    """``"45 min"``, ``"cpu 45 / cuda 30 min (cuda: torch default)"``, ``"30 min (torch default)"``."""
     if minutes is None:
         return "-"
     values = set(minutes.values())
     if len(values) == 1:
-        return _fmt(values.pop())
-    return " / ".join(f"{device} {value:g}" for device, value in minutes.items()) + " min"
-
-
-def _timeouts_of(minutes: Mapping[str, float] | None) -> str:
-    return _timeouts(None if minutes is None else dict(minutes))
+        text = _fmt(values.pop())
+    else:
+        text = " / ".join(f"{device} {'?' if value is None else f'{value:g}'}" for device, value in minutes.items())
+        text += " min"
+    marked = {device: _MARKS[source] for device, source in (sources or {}).items() if source in _MARKS}
+    if not marked:
+        return text
+    if len(marked) == len(minutes) and len(set(marked.values())) == 1:
+        return f"{text} ({next(iter(marked.values()))})"
+    return f"{text} ({', '.join(f'{device}: {mark}' for device, mark in marked.items())})"
 
 
 def _cells(row: GroupRow) -> dict[str, str]:
     return {
         "ranks": format_ranks(row.ranks),
         "backends": ",".join(f"{d}:{b}" for d, b in row.backends.items()) or "none",
-        "timeout": _timeouts_of(row.timeout_minutes),
-        "after init": _timeouts_of(row.timeout_minutes_after_init),
+        "timeout": _timeouts(row.timeout_minutes, row.sources),
+        "after init": _timeouts(row.timeout_minutes_after_init, row.sources_after_init),
         "cpu all_reduce": row.cpu_all_reduce,
         "cuda all_reduce": row.cuda_all_reduce.replace(" (no CUDA device)", ""),
     }
@@ -263,16 +351,30 @@ def _world_line(report: PreflightReport) -> list[str]:
     return [f"training world: {size} rank{'s' * (size != 1)}, from {source}{checked}"]
 
 
+def _own_groups(report: PreflightReport) -> str:
+    """``"; groups with a timeout of their own: undefined"``, or nothing."""
+    names = [
+        row.group
+        for result in report.ranks
+        if isinstance(result, RankChecked)
+        for row in result.rows
+        if any(_keeps_its_own(row, device) for device in row.sources)
+    ]
+    return f"; groups with a timeout of their own: {', '.join(dict.fromkeys(names))}" if names else ""
+
+
 def _what_passed(report: PreflightReport) -> str:
     configured = report.options.timeout_minutes is not None
     if report.options.dry_run:
         return (
-            "every group carries the configured timeout on every backend (dry run: no collective run)"
+            "every group torch holds carries the configured timeout on every backend (dry run: no collective run)"
+            + _own_groups(report)
             if configured
             else "every group built (dry run; no timeout configured: torch's defaults apply)"
         )
+    passed = "every group torch holds carries the configured timeout on every backend; collectives work"
     return (
-        "every group carries the configured timeout on every backend; collectives work"
+        passed + _own_groups(report)
         if configured
         else "collectives work (no timeout configured: torch's defaults apply)"
     )
@@ -286,6 +388,47 @@ def _verdict(report: PreflightReport) -> list[str]:
     if report.checks_passed and report.options.worker_note:
         return [f"checked the Automodel path, which this config does not run (note above): {_what_passed(report)}"]
     return []
+
+
+def _shared(rows: Sequence[GroupRow]) -> str:
+    """``"dp_shard, dp are group default"``: rows that are the same group as an earlier row."""
+    same: dict[str, list[str]] = {}
+    for row in rows:
+        if row.same_as is not None:
+            same.setdefault(row.same_as, []).append(row.group)
+    return "; ".join(f"{', '.join(names)} {'are' if len(names) > 1 else 'is'} group {of}" for of, names in same.items())
+
+
+def groups_line(ranks: Sequence[RankChecked], title: str, groups_of: Callable[[RankChecked], int] | None = None) -> str:
+    """``"<title>: 11 on ranks 0-3, shown as the table's 13 rows (dp_shard, dp are group default)"``: how many groups
+    each checked rank holds (``groups_of``; by default its rows that are not another row's group), and how the
+    table's rows show them (a row per name: names of the same group share it)."""
+    by_shape: dict[tuple[int, int, str], list[int]] = {}
+    for result in ranks:
+        groups = groups_of(result) if groups_of else sum(row.same_as is None for row in result.rows)
+        by_shape.setdefault((groups, len(result.rows), _shared(result.rows)), []).append(result.rank)
+    parts = []
+    for (groups, rows, shared), on in sorted(by_shape.items()):
+        part = f"{groups} on rank{'s' * (len(on) > 1)} {format_ranks(on)}"
+        if rows != groups:
+            part += f", shown as the table's {rows} rows" + (f" ({shared})" if shared else "")
+        parts.append(part)
+    return f"{title}: {'; '.join(parts) or 'none checked'}"
+
+
+def _set_up_lines(first: RankChecked) -> list[str]:
+    """What set the groups up: the shim's decision, or NeMo RL's own set-up; then the groups made after it."""
+    decision = first.decision
+    if decision is None:
+        lines = [f"set-up: {first.set_up or 'unknown'}"]
+    else:
+        lines = [
+            f"decision: {decision['action']}: {decision['reason']}",
+            *([f"warning: {decision['warning']}"] if decision["warning"] else []),
+        ]
+    if first.later_groups:
+        lines.append(f"made after set-up, as a NeMo RL worker makes them: {'; '.join(first.later_groups)}")
+    return lines
 
 
 def render_report(report: PreflightReport) -> str:
@@ -307,12 +450,11 @@ def render_report(report: PreflightReport) -> str:
     complete = [r for r in report.ranks if isinstance(r, RankChecked)]
     if complete and len(complete) == len(report.ranks):
         first = complete[0]
-        decision = first.decision
         head += [
             f"default group: {first.default_backend} on {first.device}; CPU offload "
             f"{'on' if options.cpu_offload else 'off'}",
-            f"decision: {decision['action']}: {decision['reason']}",
-            *([f"warning: {decision['warning']}"] if decision["warning"] else []),
+            *_set_up_lines(first),
+            *([] if options.dry_run else [groups_line(complete, "process groups per rank (every group torch holds)")]),
             "",
             *_format_table(_table(complete)),
             "(ranks '0 | 1': a separate group on each rank)",

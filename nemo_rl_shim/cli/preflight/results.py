@@ -20,10 +20,13 @@ apart.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "NEMO_RL_SETUP",
+    "SETUPS",
+    "SHIM_SETUP",
     "CreatedGroup",
     "DryRunFacts",
     "GroupRow",
@@ -38,8 +41,22 @@ __all__ = [
 ]
 
 
+#: ``--setup``: the shim's ``setup_distributed`` (the default), or NeMo RL's own (``nemo_rl.models.automodel.setup``).
+SHIM_SETUP, NEMO_RL_SETUP = "shim", "nemo-rl"
+SETUPS = (SHIM_SETUP, NEMO_RL_SETUP)
+
+
 def _minutes(value: Mapping[str, Any] | None) -> dict[str, float] | None:
     return None if value is None else {str(device): float(minutes) for device, minutes in value.items()}
+
+
+def _readings(value: Mapping[str, Any]) -> dict[str, float | None]:
+    """``{device: minutes}``, None where the backend keeps no timeout that can be read."""
+    return {str(device): None if minutes is None else float(minutes) for device, minutes in value.items()}
+
+
+def _sources(value: Mapping[str, Any] | None) -> dict[str, str] | None:
+    return None if value is None else {str(device): str(source) for device, source in value.items()}
 
 
 def _ints(values: Sequence[Any] | None) -> tuple[int, ...] | None:
@@ -53,6 +70,7 @@ class RankParams:
     ``stall_rank`` / ``stall_s``: fault injection for tests (that rank sleeps ``stall_s`` after set-up,
     so its peers wait in a collective on it). ``dry_run``: the groups are on torch's fake backend
     (:mod:`~nemo_rl_shim.cli.preflight.dry_run`), so no collective and no ``full_tensor()`` check runs.
+    ``setup``: whose ``setup_distributed`` the rank runs (:data:`SETUPS`: the shim's, or NeMo RL's own).
     """
 
     section: Mapping[str, Any]
@@ -61,6 +79,7 @@ class RankParams:
     stall_rank: int | None = None
     stall_s: float = 0.0
     dry_run: bool = False
+    setup: str = SHIM_SETUP
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -70,6 +89,7 @@ class RankParams:
             "stall_rank": self.stall_rank,
             "stall_s": self.stall_s,
             "dry_run": self.dry_run,
+            "setup": self.setup,
         }
 
     @classmethod
@@ -87,28 +107,39 @@ class RankParams:
             stall_rank=None if stall is None else int(stall),
             stall_s=float(data.get("stall_s", 0.0)),
             dry_run=bool(data.get("dry_run", False)),
+            setup=str(data.get("setup", SHIM_SETUP)),
         )
 
 
 @dataclass(frozen=True)
 class GroupRow:
-    """One process group on one rank, under the name the training code gives it.
+    """One process group on one rank: under the name the training code gives it (``named``), or, for a group torch
+    holds that no mesh names (a plain ``new_group``), under its description.
 
-    ``timeout_minutes``: per device, as read from the group's backend. ``same_as``: the name of an
-    earlier row of this rank that is the very same group object (``dp_shard`` is ``default`` when it
-    spans the world), so the table's rows can be counted as groups. ``timeout_minutes_after_init``:
-    read again after ``after_first_step`` when a steady-state timeout is configured, else None.
+    ``timeout_minutes``: per device, as read from the group's backend (None: the backend keeps none that can
+    be read). ``sources``: per device, where that value came from, as the audit judged it
+    (:class:`nemo_rl_shim.audit.TimeoutSource` values: ``configured``, ``own``, ``torch_default``,
+    ``unreadable``). ``desc`` and ``group_name``: torch's ``group_desc`` and ``group_name``. ``same_as``: the
+    name of an earlier row of this rank that is the very same group object (``dp_shard`` is ``default`` when
+    it spans the world), so the table's rows can be counted as groups. ``timeout_minutes_after_init`` and
+    ``sources_after_init``: read again after ``after_first_step`` when a steady-state timeout is configured,
+    else None.
     """
 
     group: str
     ranks: tuple[int, ...]
     backends: Mapping[str, str]
-    timeout_minutes: Mapping[str, float]
+    timeout_minutes: Mapping[str, float | None]
     cpu_all_reduce: str
     cuda_all_reduce: str
     is_default: bool = False
     same_as: str | None = None
-    timeout_minutes_after_init: Mapping[str, float] | None = None
+    timeout_minutes_after_init: Mapping[str, float | None] | None = None
+    named: bool = True
+    desc: str = ""
+    group_name: str = ""
+    sources: Mapping[str, str] = field(default_factory=dict)
+    sources_after_init: Mapping[str, str] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -120,21 +151,34 @@ class GroupRow:
             "timeout_minutes": dict(self.timeout_minutes),
             "cpu_all_reduce": self.cpu_all_reduce,
             "cuda_all_reduce": self.cuda_all_reduce,
-            "timeout_minutes_after_init": _minutes(self.timeout_minutes_after_init),
+            "timeout_minutes_after_init": None
+            if self.timeout_minutes_after_init is None
+            else _readings(self.timeout_minutes_after_init),
+            "named": self.named,
+            "desc": self.desc,
+            "group_name": self.group_name,
+            "sources": dict(self.sources),
+            "sources_after_init": _sources(self.sources_after_init),
         }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> GroupRow:
+        steady = data.get("timeout_minutes_after_init")
         return cls(
             group=str(data["group"]),
             ranks=_ints(data["ranks"]) or (),
             backends={str(device): str(name) for device, name in data["backends"].items()},
-            timeout_minutes=_minutes(data["timeout_minutes"]) or {},
+            timeout_minutes=_readings(data["timeout_minutes"]),
             cpu_all_reduce=str(data["cpu_all_reduce"]),
             cuda_all_reduce=str(data["cuda_all_reduce"]),
             is_default=bool(data.get("is_default", False)),
             same_as=data.get("same_as"),
-            timeout_minutes_after_init=_minutes(data.get("timeout_minutes_after_init")),
+            timeout_minutes_after_init=None if steady is None else _readings(steady),
+            named=bool(data.get("named", True)),
+            desc=str(data.get("desc", "")),
+            group_name=str(data.get("group_name", "")),
+            sources=_sources(data.get("sources")) or {},
+            sources_after_init=_sources(data.get("sources_after_init")),
         )
 
 
@@ -241,9 +285,12 @@ class DryRunFacts:
 class RankChecked:
     """A rank that ran its checks: the set-up's facts, one :class:`GroupRow` per group, the CPU-offload check.
 
-    ``gave_up``: the collective that timed out or lost its peer, after which the rank skipped the rest
-    (a runner then gives the other ranks the grace, :class:`~nemo_rl_shim.cli.preflight.stuck.Grace`).
-    ``node``: where a Ray actor ran; ``dry_run``: what a dry run adds.
+    ``decision``: what the shim's ``setup_distributed`` decided (None under NeMo RL's own set-up, which makes
+    none; ``set_up`` then says what ran, and what stood in for NCCL). ``later_groups``: the groups made after
+    set-up as a NeMo RL worker makes them, in words. ``gave_up``: the collective that timed out or lost its
+    peer, after which the rank skipped the rest (a runner then gives the other ranks the grace,
+    :class:`~nemo_rl_shim.cli.preflight.stuck.Grace`). ``node``: where a Ray actor ran; ``dry_run``: what a
+    dry run adds.
     """
 
     rank: int
@@ -251,7 +298,7 @@ class RankChecked:
     world_size: int
     default_backend: str
     device: str
-    decision: Mapping[str, Any]
+    decision: Mapping[str, Any] | None
     timeout_minutes_after_init: float | None
     rows: tuple[GroupRow, ...]
     offload: OffloadCheck | None = None
@@ -259,6 +306,8 @@ class RankChecked:
     warnings: tuple[str, ...] = ()
     node: Node | None = None
     dry_run: DryRunFacts | None = None
+    set_up: str | None = None
+    later_groups: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -268,7 +317,9 @@ class RankChecked:
             "world_size": self.world_size,
             "default_backend": self.default_backend,
             "device": self.device,
-            "decision": dict(self.decision),
+            "decision": None if self.decision is None else dict(self.decision),
+            "set_up": self.set_up,
+            "later_groups": list(self.later_groups),
             "timeout_minutes_after_init": self.timeout_minutes_after_init,
             "rows": [row.to_json() for row in self.rows],
             "offload": None if self.offload is None else self.offload.to_json(),
@@ -288,7 +339,7 @@ class RankChecked:
     def from_json(cls, data: Mapping[str, Any]) -> RankChecked:
         """A rank's result as a spawned rank, a gathered rank or a Ray actor sent it (no dry-run facts: a dry run
         never crosses a process)."""
-        offload, node = data.get("offload"), data.get("node")
+        offload, node, decision = data.get("offload"), data.get("node"), data.get("decision")
         steady = data.get("timeout_minutes_after_init")
         return cls(
             rank=int(data["rank"]),
@@ -296,13 +347,15 @@ class RankChecked:
             world_size=int(data["world_size"]),
             default_backend=str(data["default_backend"]),
             device=str(data["device"]),
-            decision=dict(data["decision"]),
+            decision=None if decision is None else dict(decision),
             timeout_minutes_after_init=None if steady is None else float(steady),
             rows=tuple(GroupRow.from_json(row) for row in data["rows"]),
             offload=None if offload is None else OffloadCheck.from_json(offload),
             gave_up=data.get("gave_up"),
             warnings=tuple(str(w) for w in data.get("warnings") or ()),
             node=None if node is None else Node.from_json(node),
+            set_up=data.get("set_up"),
+            later_groups=tuple(str(line) for line in data.get("later_groups") or ()),
         )
 
 

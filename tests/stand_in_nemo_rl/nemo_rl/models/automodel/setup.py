@@ -1,0 +1,90 @@
+"""Stands in for NeMo RL's ``nemo_rl.models.automodel.setup`` (``7ea279abf``): its names that preflight uses.
+
+Why: CI has no copy of NeMo RL (see ``nemo_rl/__init__.py``). What it keeps of NeMo RL's ``setup_distributed``
+is what it does with process groups: ``torch.distributed.init_process_group`` with NeMo RL's backend string
+(``"nccl"``, or ``"cuda:nccl,cpu:gloo"`` under CPU offload), looked up on ``torch.distributed`` at call time as
+NeMo RL does; ``FSDP2Config(backend="nccl")``, whose backend gives the mesh its device type, as Automodel's mesh
+code does; the ``dtensor_cfg`` keys it reads with ``[]``; and a ``(dp, cp, tp)`` device mesh (NeMo RL's has
+more axes: the shape does not matter to preflight, every group torch holds is audited).
+
+NeMo RL as it is passes no timeout: every group keeps torch's default. With ``NEMO_RL_STAND_IN_SERIES=applied``
+it does what the series' ``setup_distributed`` does (``nemo_rl_shim/upstream/0002``): the section's
+``automodel_cfg.distributed_timeout_minutes`` to ``init_process_group``, then the replica group made, then
+every group torch holds given the timeout.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import torch
+from torch.distributed.device_mesh import init_device_mesh
+
+__all__ = ["DistributedContext", "FSDP2Config", "RuntimeConfig", "setup_distributed"]
+
+
+class RuntimeConfig(NamedTuple):
+    """NeMo RL's ``RuntimeConfig``: the fields preflight fills (NeMo RL's has more, all filled with None)."""
+
+    model_class: Any
+    dtype: Any
+    cpu_offload: bool
+    enable_seq_packing: bool
+    is_reward_model: bool
+
+
+@dataclass
+class FSDP2Config:
+    """Automodel's ``FSDP2Config``: the backend the mesh is built for."""
+
+    backend: str = "nccl"
+
+
+class DistributedContext(NamedTuple):
+    """NeMo RL's ``DistributedContext``, in its order."""
+
+    device_mesh: Any
+    moe_mesh: Any
+    fsdp2_config: FSDP2Config
+    moe_config: Any
+    dp_size: int
+    tp_size: int
+    cp_size: int
+
+
+def _series_timeout(config: dict[str, Any]) -> datetime.timedelta | None:
+    if os.environ.get("NEMO_RL_STAND_IN_SERIES") != "applied":
+        return None
+    minutes = (config.get("automodel_cfg") or {}).get("distributed_timeout_minutes")
+    return None if minutes is None else datetime.timedelta(minutes=minutes)
+
+
+def _give_every_group(timeout: datetime.timedelta) -> None:
+    dist = torch.distributed
+    set_timeout = getattr(dist, "set_timeout", None) or dist.distributed_c10d._set_pg_timeout
+    for group in list(dist.distributed_c10d._world.pg_map):
+        set_timeout(timeout, group)
+
+
+def setup_distributed(config: dict[str, Any], runtime_config: RuntimeConfig, config_section: str = "policy") -> Any:
+    """The default group and a device mesh, as the module docstring says."""
+    timeout = _series_timeout(config)
+    backend = "nccl" if not runtime_config.cpu_offload else "cuda:nccl,cpu:gloo"
+    if timeout is None:
+        torch.distributed.init_process_group(backend=backend)
+    else:
+        torch.distributed.init_process_group(backend=backend, timeout=timeout)
+    world_size = torch.distributed.get_world_size()
+    dtensor = config["dtensor_cfg"]
+    tp, cp = dtensor.get("tensor_parallel_size", 1), dtensor.get("context_parallel_size", 1)
+    _ = dtensor["sequence_parallel"], dtensor["activation_checkpointing"]  # read with [], as NeMo RL does
+    fsdp2_config = FSDP2Config(backend="nccl")
+    device_type = "cuda" if fsdp2_config.backend == "nccl" else "cpu"
+    mesh = init_device_mesh(device_type, (world_size // (tp * cp), cp, tp), mesh_dim_names=("dp", "cp", "tp"))
+    if timeout is not None:
+        mesh[("cp", "tp")]._flatten()  # the replica group, made in set-up so that it gets the timeout
+        _give_every_group(timeout)
+    return DistributedContext(mesh, None, fsdp2_config, None, mesh["dp"].size(), tp, cp)
