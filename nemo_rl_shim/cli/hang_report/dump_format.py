@@ -36,12 +36,12 @@ import functools
 import gc
 import json
 import reprlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nemo_rl_shim.cli.hang_report.frames import Frame, frame, is_runtime_frame
+from nemo_rl_shim.cli.hang_report.frames import Frame, frame, user_frame
 from nemo_rl_shim.cli.hang_report.records import DumpError, Entry, GroupKey, P2PKey, RankDump, Recorder
 from nemo_rl_shim.cli.hang_report.safe_pickle import RefusedPickle, load_plain
 from nemo_rl_shim.error_line import first_line
@@ -272,19 +272,27 @@ def _optional_int(raw: Mapping[str, Any], key: str) -> int | None:
     raise ValueError(f"{key!r} is {_shown(value)}, not an int")
 
 
-#: A dump's frames already read, by the identity of torch's frame dict (shared by every entry that holds it):
-#: ``{id: (frame, is it torch's, the shim's or the standard library's)}``; valid while the dump is held.
-_Seen = dict[int, tuple[Frame, bool]]
+#: A dump's frames already read, by the identity of torch's frame dict (shared by every entry that holds it);
+#: valid while the dump is held.
+_Seen = dict[int, Frame]
 
 
-def _frame_of(item: Any) -> tuple[Frame, bool]:
+def _frame_of(item: Any) -> Frame:
     if type(item) is not dict:
         raise ValueError(f"'frames' holds {_shown(item)}, not a frame")
     name, file, line = item.get("name"), item.get("filename"), item.get("line")
     if type(name) is not str or type(file) is not str or not (line is None or _is_int(line)):
         raise ValueError(f"'frames' holds {_shown(item)}, not a frame (name, filename, line)")
-    made = frame(file, line, name)
-    return made, is_runtime_frame(made)
+    return frame(file, line, name)
+
+
+def _frames(items: list[Any] | tuple[Any, ...], seen: _Seen) -> Iterator[Frame]:
+    """The entry's frames, innermost first, each read once per dump."""
+    for item in items:
+        made = seen.get(id(item))
+        if made is None:
+            made = seen[id(item)] = _frame_of(item)
+        yield made
 
 
 def _call_site(raw: Mapping[str, Any], seen: _Seen) -> Frame | None:
@@ -295,14 +303,7 @@ def _call_site(raw: Mapping[str, Any], seen: _Seen) -> Frame | None:
         return None
     if type(frames) is not list and type(frames) is not tuple:
         raise ValueError(f"'frames' is {_shown(frames)}, not a list of frames")
-    for item in frames:
-        known = seen.get(id(item))
-        if known is None:
-            known = _frame_of(item)
-            seen[id(item)] = known
-        if not known[1]:
-            return known[0]
-    return None
+    return user_frame(_frames(frames, seen))
 
 
 def _entry_problem(raw: Any, seq_key: str) -> str:
