@@ -1,7 +1,9 @@
 """``hang-report`` at cluster scale: 1,024 ranks (dp 128 x tp 8) of 2,000 NCCL-format entries each, and 8,192.
 
 The dumps follow torch's NCCL schema (:mod:`tests.harness.nccl_format_dumps`: entries key for key as
-``FlightRecorderDetail.hpp`` writes them, three stack frames each, as the watchdog includes them).
+``FlightRecorderDetail.hpp`` writes them, three stack frames each, as the watchdog includes them: torch's
+``all_reduce`` or ``reduce_scatter_tensor``, its logger's wrapper, and the policy worker's ``train``, where a
+step calls them; one dict per distinct frame, shared by every entry, as torch pickles them).
 Each rank ran 1,000 tp all_reduces and 1,000 dp reduce_scatters (input 1,024 x the dp size, output
 1,024, as torch's analyzer checks them), alternating; one rank
 (:func:`culprit`: 517) never entered its tp group's all_reduce #1001, which its 7 tp peers
@@ -9,7 +11,9 @@ entered: their buffers wrapped by one entry. Beside each dump, a stack file
 (``fr_stack_rank_<rank>.txt``, :func:`generate_stacks`) as ``stack_watchdog`` writes it: the header, then
 two threads in faulthandler's text (the dump watcher, 5 frames; the main thread, 24 frames), every rank
 inside ``all_reduce`` but the culprit, which sleeps in its data loading. Expected first line: ``rank 517
-did not enter all_reduce #1001 on tp, ranks 512-519: at /job/nemo_rl/data/loader.py:57 in load_batch ...``.
+did not enter all_reduce #1001 on tp, ranks 512-519: at /job/nemo_rl/data/loader.py:57 in load_batch (its stack,
+...); ranks 512-516, 518-519 waited 600.0 s in it at /job/nemo_rl/models/policy/dtensor_policy_worker.py:640 in
+train`` (the peers' place from their dumps' frames).
 
 Measured, each in a fresh process (``/usr/bin/time``-free: ``resource.getrusage`` of the child):
 
@@ -76,13 +80,24 @@ def culprit(world: int) -> int:
     return 517 if world > 517 else world // 2 + 5
 
 
+def _set_frames(entries: list[dict[str, Any]]) -> None:
+    """Each entry's frames: its torch function, torch's logger wrapper, the line of ``train`` that calls it."""
+    made: dict[tuple[str, str, int], dict[str, Any]] = {}
+    for entry in entries:
+        torch_fn, user = _CALLED[entry["profiling_name"].partition(":")[2]]
+        entry["frames"] = [
+            made.setdefault(f, {"name": f[0], "filename": f[1], "line": f[2]}) for f in (torch_fn, _LOGGER, user)
+        ]
+
+
 def generate(directory: Path, world: int) -> dict[str, Any]:
-    """Write ``world`` ranks' dumps (skipped when the folder already holds them); returns size and time."""
+    """Write ``world`` ranks' dumps (skipped when the folder already holds them, with these frames); returns size
+    and time."""
     from tests.harness.nccl_format_dumps import Clock, Group, Rank, write
 
     directory.mkdir(parents=True, exist_ok=True)
     done = directory / "complete.json"
-    if done.exists():
+    if done.exists() and json.loads(done.read_text()).get("frames_version") == FRAMES_VERSION:
         return json.loads(done.read_text())
     start = time.perf_counter()
     default = Group("0", "default_pg", tuple(range(world)))
@@ -99,8 +114,10 @@ def generate(directory: Path, world: int) -> dict[str, Any]:
             recorder.clock.settle()
         if rank // TP == culprit_group and rank != stalled:
             recorder.collective(tp, "all_reduce", ((1024,),), state="scheduled")
+        _set_frames(recorder.entries[-2 * ROUNDS :])
         write(directory, recorder, buffer=2 * ROUNDS)
     facts = {
+        "frames_version": FRAMES_VERSION,
         "ranks": world,
         "entries_per_rank": 2 * ROUNDS,
         "bytes": sum(p.stat().st_size for p in directory.glob("nccl_trace_rank_*")),
@@ -112,6 +129,19 @@ def generate(directory: Path, world: int) -> dict[str, Any]:
 
 _TORCH = "/opt/venv/lib/python3.12/site-packages/torch"
 _STDLIB = "/usr/lib/python3.12"
+#: The frames of the dumps' entries, as a step calls each op (bumped when they change: cached dumps are rewritten).
+FRAMES_VERSION = 2
+_WORKER = "/job/nemo_rl/models/policy/dtensor_policy_worker.py"
+_CALLED = {
+    "all_reduce": [("all_reduce", f"{_TORCH}/distributed/distributed_c10d.py", 2868), ("train", _WORKER, 640)],
+    "reduce_scatter": [
+        ("reduce_scatter_tensor", f"{_TORCH}/distributed/distributed_c10d.py", 4312),
+        ("train", _WORKER, 652),
+    ],
+}
+_LOGGER = ("wrapper", f"{_TORCH}/distributed/c10d_logger.py", 83)
+
+
 #: The main thread of a training rank waiting in a tp all_reduce: torch's frames, then the user's, then the start.
 _WAITING = [
     (f"{_TORCH}/distributed/distributed_c10d.py", 2868, "all_reduce"),
@@ -319,6 +349,7 @@ def measure(world: int, base: Path, with_torch: bool) -> dict[str, Any]:
         and max(report.get("peak_mb", 0), report.get("peak_reader_mb", 0)) <= TARGET_PEAK_MB.get(world, float("inf"))
         and str(report.get("line", "")).startswith(f"rank {culprit(world)} did not enter all_reduce #{ROUNDS + 1} on")
         and "at /job/nemo_rl/data/loader.py:57 in load_batch" in str(report.get("line", ""))
+        and str(report.get("line", "")).endswith(f"waited 600.0 s in it at {_WORKER}:640 in train")
         and facts["floor"]["meets_target"]
     )
     return facts

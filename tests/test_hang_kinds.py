@@ -5,8 +5,11 @@ Five worlds (:mod:`tests.ranks.hang_kinds`), started together once per module, t
 ``dump_on_timeout``, which also watches its block. For the two kinds whose rank stays stuck (a Python
 sleep; a C call that keeps the GIL), the report is read while that rank is still stuck (its process
 checked alive before and after), then the rank is killed (SIGKILL) and the report read again: both times
-the first line names the rank, the collective, the group, and the file:line where the rank stalled. The
-other three kinds (a skipped collective, a size mismatch, a dead process) name the right rank.
+the first line names the rank, the collective, the group, and the file:line where the rank stalled, then
+where its peers called the collective they wait in (their dumps' frames). The other three kinds (a skipped
+collective, a size mismatch, a dead process) name the right rank; the skipped collective also says where each
+side called its all-reduce #4 (rank 3 its loss one, the others their metric one), which the size mismatch, one
+call with other sizes, does not.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from nemo_rl_shim.cli.preflight.spawn import spawn_ranks
 from nemo_rl_shim.flight_recorder import DUMP_FILE_NAME, STACK_GRACE_S
 from nemo_rl_shim.stack_watchdog import stack_path
 from tests.ranks import hang_kinds
-from tests.ranks.hang_kinds import KINDS, STUCK, stall_line
+from tests.ranks.hang_kinds import KINDS, STUCK, call_line, stall_line
 
 pytestmark = [pytest.mark.multiprocess]
 
@@ -119,11 +122,16 @@ _DEFAULT = r"default \(also [^)]*\), ranks 0-3"
 _STALLING = {"python_sleep": "_python_sleep", "gil_c_call": "_c_call_holding_the_gil"}
 
 
+def _called(what: str) -> str:
+    """Where a step calls its ``what`` all-reduce, as the line says it: ``/.../hang_kinds.py:80 in _step``."""
+    return re.escape(f"{HANG_FILE}:{call_line(what)} in _step")
+
+
 def _stall_pattern(kind: str) -> str:
     at = re.escape(f"{HANG_FILE}:{stall_line(kind)} in {_STALLING[kind]}")
     since = re.escape(f'(its stack, {STEADY_S + STACK_GRACE_S:.1f} s into "train step"')
     no_dump = "; no dump from it" if kind == "gil_c_call" else ""
-    waited = r"ranks 0-2 waited \d+\.\d s in it"
+    waited = rf"ranks 0-2 waited \d+\.\d s in it at {_called('loss')}"
     return rf"^rank 3 did not enter all_reduce #\d+ on {_DEFAULT}: at {at} {since}{no_dump}\); {waited}$"
 
 
@@ -167,21 +175,28 @@ def test_a_stuck_rank_is_named_with_its_file_and_line_while_stuck_and_after_it_i
     assert f"#{first.seq} " in after.line
 
 
-def test_a_skipped_collective_names_the_rank_that_skipped(kinds) -> None:
+def test_a_skipped_collective_names_the_rank_that_skipped_and_where_each_side_called(kinds) -> None:
     report = hang_report.build_report(kinds["skipped"]["dir"])
     sizes = r"input sizes \[\[4\]\] \(rank 3\) where ranks 0-2 have \[\[2\]\]"
-    assert re.match(rf"^rank 3 differs on all_reduce #\d+ on {_DEFAULT}: {sizes}$", report.line), report.line
+    called = rf"; called from {_called('loss')} where ranks 0-2 called from {_called('metric')}"
+    assert re.match(rf"^rank 3 differs on all_reduce #\d+ on {_DEFAULT}: {sizes}{called}$", report.line), report.line
 
 
-def test_a_size_mismatch_names_the_odd_rank(kinds) -> None:
+def test_a_size_mismatch_names_the_odd_rank_and_no_other_place(kinds) -> None:
+    """One call with other sizes: every rank called all-reduce #4 from the same line, so no place is said."""
     report = hang_report.build_report(kinds["size_mismatch"]["dir"])
     sizes = r"input sizes \[\[8\]\] \(rank 2\) where ranks 0-1, 3 have \[\[4\]\]"
     assert re.match(rf"^rank 2 differs on all_reduce #\d+ on {_DEFAULT}: {sizes}$", report.line), report.line
+    first = report.findings[0]
+    assert {r: f.where if f else None for r, f in first.called_at.items()} == {
+        r: f"{HANG_FILE}:{call_line('loss')} in _step" for r in range(4)
+    }, "every rank's call site is known, and the same"
 
 
 def test_a_dead_process_is_named_by_its_missing_dump(kinds) -> None:
     report = hang_report.build_report(kinds["dead"]["dir"])
-    expected = rf"^no dump from rank 1: ranks 0, 2-3 were last in all_reduce #\d+ on {_DEFAULT}"
+    waited = rf"\(waited \d+\.\d s\) at {_called('loss')}"
+    expected = rf"^no dump from rank 1: ranks 0, 2-3 were last in all_reduce #\d+ on {_DEFAULT} {waited}$"
     assert re.match(expected, report.line), report.line
 
 
@@ -198,3 +213,5 @@ def test_the_text_and_json_carry_the_stacks(kinds, capfd) -> None:
     assert stack["fired"] and stack["user_frame"]["line"] == stall_line("gil_c_call"), stack
     assert stack["frames"][0] == stack["user_frame"], "the C call has no Python frame: the user's line is innermost"
     assert {r: s["fired"] for r, s in payload["stacks"].items()} == {"0": False, "1": False, "2": False, "3": True}
+    called = {"file": HANG_FILE, "line": call_line("loss"), "function": "_step"}
+    assert payload["findings"][0]["called_at"] == {"0": called, "1": called, "2": called}, payload["findings"][0]

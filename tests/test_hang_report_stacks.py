@@ -233,7 +233,8 @@ def test_the_peers_places_follow_grouped(tmp_path: Path) -> None:
     stacks = _stacks(tmp_path, {0: IN_ALL_REDUCE, 1: IN_ALL_REDUCE, 2: SLEEPING, 3: SLEEPING})
     line = finding_line(_finding("stall", [3], [0, 1, 2]), stacks)
     assert line.endswith(
-        "ranks 0-2 waited 3.0 s in it (rank 2 at /job/data.py:57 in load_batch; ranks 0-1 at /job/train.py:70 in step)"
+        "ranks 0-2 waited 3.0 s in it"
+        " (their stacks: rank 2 at /job/data.py:57 in load_batch; ranks 0-1 at /job/train.py:70 in step)"
     ), line
 
 

@@ -4,7 +4,8 @@ Six 4-rank worlds, each once per module (:mod:`tests.ranks.torch_fr`): ``init_pr
 ``new_group`` called directly, ``TORCH_FR_BUFFER_SIZE`` and ``TORCH_FR_DUMP_TEMP_FILE`` set by hand, each
 rank's dump written by torch (``_dump_fr_trace_file``) under torch's default name ``nccl_trace_rank_``.
 What torch writes there, observed and asserted below: Gloo keeps every entry ``scheduled``, its
-``pg_config`` holds one group under ``''`` with the wrong ranks, and it records no send/recv at all.
+``pg_config`` holds one group under ``''`` with the wrong ranks, and it records no send/recv at all; torch 2.15's
+``_dump_fr_trace_file`` leaves out where each collective was called (``frames``), and then no place is said.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import pytest
 from nemo_rl_shim.cli import hang_report
 from nemo_rl_shim.cli.main import main
 from nemo_rl_shim.cli.preflight.spawn import free_port, spawn_ranks
+from tests.ranks import torch_fr
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.every_lane]
 
@@ -57,6 +59,21 @@ def worlds(tmp_path_factory) -> dict[str, dict[str, Any]]:
 
 def _dumps(world: dict[str, Any]) -> dict[int, dict[str, Any]]:
     return {int(p.name[len(PREFIX) :]): pickle.loads(p.read_bytes()) for p in world["dir"].glob(f"{PREFIX}*")}
+
+
+def _called_at(world: dict[str, Any], rank: int, call: str) -> str:
+    """`` at <torch_fr.py>:<line> in <lambda>``, where ``rank``'s dump carries torch's ``frames``; else empty.
+
+    torch 2.15's ``_dump_fr_trace_file(rank)`` leaves stack traces out unless asked (``includeStackTraces``
+    defaults to False there, True in ``_dump_fr_trace``, which the ranks write on an older torch): without
+    frames, the line places no one.
+    """
+    entries = _dumps(world)[rank]["entries"]
+    if not any(e.get("frames") for e in entries):
+        return ""
+    with open(torch_fr.__file__, encoding="utf-8") as handle:
+        line = next(number for number, text in enumerate(handle, 1) if call in text)
+    return f" at {torch_fr.__file__}:{line} in <lambda>"
 
 
 def _report(directory: Path) -> hang_report.HangReport:
@@ -102,7 +119,8 @@ def test_a_sub_group_stall_names_the_rank_op_and_group(worlds) -> None:
     assert (first.kind, first.ranks, first.waiting, first.op, first.seq) == ("stall", [3], [2], "all_reduce", 3)
     assert first.group.ranks == (2, 3)
     label = "tp, ranks 2-3" if first.group.desc == "tp" else f"process group {first.group.name}, ranks 2-3"
-    assert report.line == f"rank 3 did not enter all_reduce #3 on {label}, in which rank 2 waited {TIMEOUT_S:.1f} s"
+    at = _called_at(worlds["sub_group_stall"], 2, "lambda: dist.all_reduce(torch.ones(4), group=mine)")
+    assert report.line == f"rank 3 did not enter all_reduce #3 on {label}, in which rank 2 waited {TIMEOUT_S:.1f} s{at}"
     assert report.exit_code == hang_report.EXIT_FOUND
 
 

@@ -33,7 +33,7 @@ from nemo_rl_shim import flight_recorder
 from nemo_rl_shim.distributed_setup import RuntimeConfig, setup_distributed
 from nemo_rl_shim.timeouts import after_first_step
 
-__all__ = ["HANG_STEP", "KINDS", "STEPS", "STUCK", "STUCK_S", "run_kind", "stall_line"]
+__all__ = ["HANG_STEP", "KINDS", "STEPS", "STUCK", "STUCK_S", "call_line", "run_kind", "stall_line"]
 
 STEPS, HANG_STEP = 4, 2
 #: How long a stuck rank stays stuck unless killed (the test kills it long before).
@@ -75,15 +75,30 @@ def _step(kind: str, step: int, rank: int) -> None:
     elif odd and kind == "dead":
         os._exit(17)
     if step == HANG_STEP and kind == "skipped" and not odd:
-        dist.all_reduce(torch.ones(2))  # the metric all-reduce that rank 3 skips
+        dist.all_reduce(torch.ones(2))  # the call: metric (rank 3 skips it)
     size = 8 if odd and kind == "size_mismatch" else 4
-    dist.all_reduce(torch.ones(size))
+    dist.all_reduce(torch.ones(size))  # the call: loss
 
 
 def stall_line(kind: str) -> int:
     """The line of this file where the stuck rank of ``kind`` stalls (marked ``# the stall: <kind>``)."""
+    return _marked(f"# the stall: {kind}")
+
+
+def call_line(what: str) -> int:
+    """The line of this file where a step calls its ``what`` all-reduce ("loss", "metric"; marked
+    ``# the call: <what>``): where torch's recorder says the collective was called."""
+    return _marked(f"# the call: {what}")
+
+
+def _marked(mark: str) -> int:
+    """The first line of code that ends with the comment ``mark`` (up to its end, or an opening parenthesis)."""
     with open(__file__, encoding="utf-8") as handle:
-        return next(n for n, line in enumerate(handle, 1) if line.rstrip().endswith(f"# the stall: {kind}"))
+        for number, line in enumerate(handle, 1):
+            comment = line.partition("  # ")[2].rstrip()
+            if comment == mark[2:] or comment.startswith(f"{mark[2:]} ("):
+                return number
+    raise LookupError(f"no line of {__file__} is marked {mark!r}")
 
 
 def _meet(expected: int) -> None:

@@ -24,6 +24,11 @@ half of a ``cpu:gloo,cuda:nccl`` group count apart):
 * **Mismatch.** At one sequence number, the odd one out by op or sizes; a tie names every rank.
 * **Order of blame.** A mismatch first (what follows may be its consequence), then a rank with no
   dump, then the ranks that others wait on and that wait on no one, then their waiting peers.
+* **Where.** Each finding keeps where its ranks called the op (``Finding.called_at``: the innermost user frame of
+  the entry's ``frames``): where the waiting peers called the collective, or the point-to-point op, they wait in;
+  for a mismatch, where every rank at that number called it. A mismatch whose odd ranks called the op from
+  another place than all the others is not one call with other sizes: one side skipped a collective, or made an
+  extra one (the line says both places); where the places agree, or are not all known, it says none.
 """
 
 from __future__ import annotations
@@ -35,17 +40,29 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nemo_rl_shim.cli.hang_report.dump_format import pg_status_of
+from nemo_rl_shim.cli.hang_report.frames import Frame, by_place, same_place
 from nemo_rl_shim.cli.hang_report.records import Entry, GroupKey, RankDump
 from nemo_rl_shim.cli.hang_report.world import World, world_of
 from nemo_rl_shim.rank_ranges import format_ranks
 
-__all__ = ["Analysis", "Finding", "GroupState", "analyse", "axis_of", "peer_posted", "pg_status_counts_done"]
+__all__ = [
+    "PLACES_SHOWN",
+    "Analysis",
+    "Finding",
+    "GroupState",
+    "analyse",
+    "axis_of",
+    "peer_posted",
+    "pg_status_counts_done",
+]
 
 #: Ops whose input sizes must agree on every rank (gather, scatter, all_to_all and p2p may differ).
 _SAME_SIZES = ("all_reduce", "allreduce", "broadcast", "reduce", "allgather", "all_gather", "reduce_scatter", "barrier")
 _PRIORITY = {"mismatch": 0, "missing": 1, "stall": 2, "p2p": 2, "not finished": 3, "unclear": 4}
 _OPPOSITE = {"send": "recv", "recv": "send"}
 _PAIR = "send/recv"  # the op of a finding on a send and its receive
+#: Places named on a line where ranks called the op from several (by group of ranks at one place, the fewest first).
+PLACES_SHOWN = 2
 
 
 def axis_of(desc: str) -> str | None:
@@ -114,17 +131,40 @@ class Finding:
     waited_s: float | None
     created_ns: int
     detail: str = ""
+    called_at: dict[int, Frame | None] = field(default_factory=dict)  # rank -> where it called the op (see module)
+
+    def waited_at(self) -> str:
+        """`` at /job/train.py:42 in step``: where the waiting ranks called the op they wait in (by place where they
+        called it from several: `` at X (rank 2), Y (ranks 0-1)``); empty where no frame tells."""
+        places = _at(by_place(self.waiting, self.called_at), len(self.waiting))
+        return f" at {places}" if places else ""
+
+    def called_from(self) -> str:
+        """A mismatch's ``; called from X where ranks 0-2 called from Y``: said only where every rank's place is
+        known and the odd ranks' places are all other than the rest's (a tie: where the ranks called from more
+        than one place)."""
+        others = [r for r in sorted(self.called_at) if r not in self.ranks]
+        if self.kind != "mismatch" or any(self.called_at.get(r) is None for r in [*self.ranks, *others]):
+            return ""
+        odd = by_place(self.ranks, self.called_at)
+        if not others:
+            return f"; called from {_places(odd)}" if len(odd) > 1 else ""
+        rest = by_place(others, self.called_at)
+        if any(same_place(a, b) for a, _ in odd for b, _ in rest):
+            return ""
+        return f"; called from {_places(odd)} where {_ranks(others)} called from {_places(rest)}"
 
     def line(self) -> str:
-        """The one line that names the rank(s)."""
+        """The one line that names the rank(s), and where the ranks waiting called the op."""
         who = f"rank{'s' * (len(self.ranks) > 1)} {format_ranks(self.ranks)}"
         waiters = f"rank{'s' * (len(self.waiting) > 1)} {format_ranks(self.waiting)}" if self.waiting else ""
         waited = f" waited {self.waited_s:.1f} s" if self.waited_s is not None else " waited"
         where = f"{self.op} #{self.seq} on {self.group.label}"
         if self.kind == "stall":
-            return f"{who} did not enter {where}, in which {waiters}{waited}"
+            return f"{who} did not enter {where}, in which {waiters}{waited}{self.waited_at()}"
         if self.kind == "p2p":
-            return f"{who} {self.detail} on {self.group.label}"
+            places = _at(by_place(self.waiting, self.called_at), len(self.waiting))
+            return f"{who} {self.detail} on {self.group.label}" + (f"; waiting at {places}" if places else "")
         if self.kind == "unclear":
             return self.detail
         if self.kind == "not finished" and self.op == _PAIR:
@@ -137,12 +177,31 @@ class Finding:
         if self.kind == "missing":
             if not self.waiting:
                 return f"no dump from {who}: {self.detail}"
-            return f"no dump from {who}: {waiters} {'were' if len(self.waiting) > 1 else 'was'} last in {where}" + (
-                f" ({waited.strip()})" if self.waited_s is not None else ""
+            return (
+                f"no dump from {who}: {waiters} {'were' if len(self.waiting) > 1 else 'was'} last in {where}"
+                + (f" ({waited.strip()})" if self.waited_s is not None else "")
+                + self.waited_at()
             )
         if " where " in self.detail:  # the odd ones out
-            return f"{who} {'differs' if len(self.ranks) == 1 else 'differ'} on {where}: {self.detail}"
-        return f"{who} disagree on {where}: {self.detail}"
+            verb = "differs" if len(self.ranks) == 1 else "differ"
+            return f"{who} {verb} on {where}: {self.detail}{self.called_from()}"
+        return f"{who} disagree on {where}: {self.detail}{self.called_from()}"
+
+
+def _places(groups: list[tuple[Frame, list[int]]]) -> str:
+    """One place as ``/job/train.py:42 in step``; several with their ranks, up to :data:`PLACES_SHOWN`."""
+    if len(groups) == 1:
+        return groups[0][0].where
+    shown = ", ".join(f"{place.where} ({_ranks(ranks)})" for place, ranks in groups[:PLACES_SHOWN])
+    return shown + (f", +{len(groups) - PLACES_SHOWN} more places" if len(groups) > PLACES_SHOWN else "")
+
+
+def _at(groups: list[tuple[Frame, list[int]]], of: int) -> str:
+    """The places of ``groups``, where they hold ``of`` ranks in all; with the ranks, where they do not."""
+    if len(groups) == 1 and len(groups[0][1]) != of:
+        place, ranks = groups[0]
+        return f"{place.where} ({_ranks(ranks)})"
+    return _places(groups) if groups else ""
 
 
 @dataclass
@@ -285,7 +344,17 @@ def _deviations(state: GroupState) -> dict[int, dict[int, list[int]]]:
     return out
 
 
-def _mismatch(state: GroupState, table: list[tuple[str, str]]) -> Finding | None:
+def _calls_at(dumps: dict[int, RankDump], state: GroupState, seq: int, ranks: Iterable[int]) -> dict[int, Frame | None]:
+    """Where each of ``ranks`` called the group's collective ``seq`` (None where its dump does not keep it)."""
+    return {r: dumps[r].calls.get(state.key, {}).get(seq) for r in ranks if r in dumps}
+
+
+def _entries_at(state: GroupState, ranks: Iterable[int]) -> dict[int, Frame | None]:
+    """Where each of ``ranks`` called the group's last collective it entered."""
+    return {r: state.entries[r].where for r in ranks if r in state.entries}
+
+
+def _mismatch(state: GroupState, table: list[tuple[str, str]], dumps: dict[int, RankDump]) -> Finding | None:
     deviations = _deviations(state)
     for seq in sorted(deviations):
         by_sig = {table[sig]: sorted(ranks) for sig, ranks in deviations[seq].items()}
@@ -301,11 +370,13 @@ def _mismatch(state: GroupState, table: list[tuple[str, str]]) -> Finding | None
             odd = sorted(r for sig, ranks in by_sig.items() if sig != major for r in ranks)
             shown = "; ".join(f"{_show(sig)[pick]} ({_ranks(rs)})" for sig, rs in by_sig.items() if sig != major)
             detail = f"{what} {shown} where ranks {format_ranks(by_sig[major])} have {_show(major)[pick]}"
-            return Finding("mismatch", state, odd, seq, _show(major)[0], [], None, created, detail)
+            calls = _calls_at(dumps, state, seq, [*odd, *by_sig[major]])
+            return Finding("mismatch", state, odd, seq, _show(major)[0], [], None, created, detail, calls)
         of_rank = {r: sig for sig, rs in by_sig.items() for r in rs}
         shown = "; ".join(f"rank {r}: {_show(of_rank[r])[pick]}" for r in sorted(of_rank))
         first_op = _show(of_rank[min(of_rank)])[0]
-        return Finding("mismatch", state, sorted(of_rank), seq, first_op, [], None, created, f"{what} {shown}")
+        calls = _calls_at(dumps, state, seq, of_rank)
+        return Finding("mismatch", state, sorted(of_rank), seq, first_op, [], None, created, f"{what} {shown}", calls)
     return None
 
 
@@ -355,7 +426,8 @@ def _stall(dumps: dict[int, RankDump], state: GroupState) -> Finding | None:
     behind = [r for r in state.ranks if r in dumps and state.last.get(r, 0) < top and r not in state.out_of_reach]
     created = entry.created_ns
     if behind:
-        return Finding("stall", state, behind, top, entry.op, waiting, _waited(dumps, waiting, state), created)
+        waited = _waited(dumps, waiting, state)
+        return Finding("stall", state, behind, top, entry.op, waiting, waited, created, "", _entries_at(state, waiting))
     if state.out_of_reach:  # the silent ranks may well have entered it: their buffers do not reach back that far
         stuck = [r for r in waiting if not state.entries[r].done and dumps[r].recorder(state.backend).tracks_completion]
         if not stuck:
@@ -376,8 +448,8 @@ def _stall(dumps: dict[int, RankDump], state: GroupState) -> Finding | None:
         return Finding("not finished", state, unfinished, top, entry.op, [], _waited(dumps, waiting, state), created)
     latest = [r for r in waiting if _same_op(dumps[r].latest, state.entries[r])]
     if state.missing and (unfinished or latest):  # the others were still in it, or it was their last, when they dumped
-        waited = _waited(dumps, waiting, state)
-        return Finding("missing", state, list(state.missing), top, entry.op, waiting, waited, created)
+        waited, calls = _waited(dumps, waiting, state), _entries_at(state, waiting)
+        return Finding("missing", state, list(state.missing), top, entry.op, waiting, waited, created, "", calls)
     return None
 
 
@@ -428,9 +500,13 @@ def _p2p(dumps: dict[int, RankDump], groups: dict[GroupKey, GroupState]) -> list
             parts.append(f"did not {verb} rank {rank}, which waited in its {op.op} #{op.seq}{batch}")
         first = min(op.created_ns for _, op in waits)
         waiting = sorted({rank for rank, _ in waits})
+        calls: dict[int, Frame | None] = {}
+        for rank, op in sorted(waits, key=lambda w: (w[0], w[1].op)):
+            calls.setdefault(rank, op.where)
         op = waits[0][1]
         kind = "send" if op.op == "recv" else "recv"
-        findings.append(Finding("p2p", groups[key], [culprit], op.seq, kind, waiting, None, first, "; ".join(parts)))
+        detail = "; ".join(parts)
+        findings.append(Finding("p2p", groups[key], [culprit], op.seq, kind, waiting, None, first, detail, calls))
     return findings
 
 
@@ -486,7 +562,7 @@ def analyse(dumps_in: Iterable[RankDump]) -> Analysis:
     groups = _finish_groups(members, found, dumps, world.size)
     for state in groups:
         state.out_of_reach = _out_of_reach(dumps, state)
-    findings = [f for s in groups for f in (_mismatch(s, sigs.table), _stall(dumps, s)) if f is not None]
+    findings = [f for s in groups for f in (_mismatch(s, sigs.table, dumps), _stall(dumps, s)) if f is not None]
     findings += _p2p(dumps, {g.key: g for g in groups})
     missing = [r for r in range(world.size) if r not in dumps]
     placed = {m for g in groups for m in g.missing}

@@ -19,6 +19,13 @@ time, and, where it joined several recorders, each one's facts).
   ``batch_isend_irecv`` as its own entry with its own p2p number, and no ``coalesced`` closer.
 * **Memory.** A dump is reduced as it is read: per group the last collective, a signature (op and sizes) per
   sequence number, and its point-to-point ops (counted per peer, the newest kept, the unfinished ones listed).
+* **Where each op was called.** torch keeps, per entry, the Python stack where the op was called (``frames``,
+  innermost first, each ``{"name", "filename", "line"}``; one dict per distinct frame, which every entry shares).
+  Of an entry the reduction keeps (the last collective, the p2p ops, the newest), only the innermost user frame
+  is kept (:func:`~nemo_rl_shim.cli.hang_report.frames.user_frame`: torch, the shim and the standard library
+  skipped), and per group the call sites of its last :data:`CALLS_KEPT` collectives among the dump's newest
+  entries (``RankDump.calls``): what tells a skipped collective from a size mismatch. No other entry's frames are
+  read.
 """
 
 from __future__ import annotations
@@ -29,17 +36,19 @@ import functools
 import gc
 import json
 import reprlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nemo_rl_shim.cli.hang_report.frames import Frame, frame, user_frame
 from nemo_rl_shim.cli.hang_report.records import DumpError, Entry, GroupKey, P2PKey, RankDump, Recorder
 from nemo_rl_shim.cli.hang_report.safe_pickle import RefusedPickle, load_plain
 from nemo_rl_shim.error_line import first_line
 from nemo_rl_shim.flight_recorder import PG_STATUS_KEY
 
 __all__ = [
+    "CALLS_KEPT",
     "compact_ranks",
     "groups_from_map",
     "op_name",
@@ -54,6 +63,8 @@ _STATES = ("scheduled", "started", "completed")
 #: torch's numbers are size_t; above this one an int64 array cannot hold them.
 _MAX_SEQ = 2**63 - 1
 _P2P_OPS = ("send", "recv")
+#: Per group, the call sites kept of its last collectives (found among the dump's newest entries, see _recent_calls).
+CALLS_KEPT = 8
 _SHOW = reprlib.Repr()
 _SHOW.maxlevel, _SHOW.maxstring, _SHOW.maxother, _SHOW.maxlist, _SHOW.maxdict = 2, 40, 40, 4, 4
 
@@ -261,6 +272,40 @@ def _optional_int(raw: Mapping[str, Any], key: str) -> int | None:
     raise ValueError(f"{key!r} is {_shown(value)}, not an int")
 
 
+#: A dump's frames already read, by the identity of torch's frame dict (shared by every entry that holds it);
+#: valid while the dump is held.
+_Seen = dict[int, Frame]
+
+
+def _frame_of(item: Any) -> Frame:
+    if type(item) is not dict:
+        raise ValueError(f"'frames' holds {_shown(item)}, not a frame")
+    name, file, line = item.get("name"), item.get("filename"), item.get("line")
+    if type(name) is not str or type(file) is not str or not (line is None or _is_int(line)):
+        raise ValueError(f"'frames' holds {_shown(item)}, not a frame (name, filename, line)")
+    return frame(file, line, name)
+
+
+def _frames(items: list[Any] | tuple[Any, ...], seen: _Seen) -> Iterator[Frame]:
+    """The entry's frames, innermost first, each read once per dump."""
+    for item in items:
+        made = seen.get(id(item))
+        if made is None:
+            made = seen[id(item)] = _frame_of(item)
+        yield made
+
+
+def _call_site(raw: Mapping[str, Any], seen: _Seen) -> Frame | None:
+    """Where the entry's op was called: the innermost user frame of its ``frames`` (None where it has none, or
+    only torch's, the shim's and the standard library's); ValueError naming ``'frames'`` where they are not frames."""
+    frames = raw.get("frames")
+    if frames is None:
+        return None
+    if type(frames) is not list and type(frames) is not tuple:
+        raise ValueError(f"'frames' is {_shown(frames)}, not a list of frames")
+    return user_frame(_frames(frames, seen))
+
+
 def _entry_problem(raw: Any, seq_key: str) -> str:
     """What is wrong with an entry (the slow, thorough look, once the fast one stumbled)."""
     if not isinstance(raw, dict):
@@ -286,6 +331,10 @@ def _entry_problem(raw: Any, seq_key: str) -> str:
         return f"'input_sizes' is {_shown(raw.get('input_sizes'))}, not a list of shapes"
     if not isinstance(raw.get("pg_id", ""), int | str):
         return f"'pg_id' is {_shown(raw.get('pg_id'))}, not an id"
+    try:
+        _call_site(raw, {})
+    except ValueError as e:
+        return str(e)
     return "cannot be read"
 
 
@@ -293,8 +342,8 @@ def _bad_entry(path: Path, index: int, raw: Any, seq_key: str) -> DumpError:
     return DumpError(f"{path}: entry {index} {_entry_problem(raw, seq_key)}")
 
 
-def _entry(raw: Mapping[str, Any], seq_key: str) -> Entry:
-    """An entry checked in full (ValueError naming the key) and made typed."""
+def _entry(raw: Mapping[str, Any], seq_key: str, seen: _Seen) -> Entry:
+    """An entry checked in full (ValueError naming the key) and made typed, with where it was called."""
     name = raw["profiling_name"]
     if not isinstance(name, str):
         raise ValueError(f"'profiling_name' is {_shown(name)}, not text")
@@ -321,12 +370,13 @@ def _entry(raw: Mapping[str, Any], seq_key: str) -> Entry:
         is_p2p=is_p2p,
         peer=peer,
         lib=lib,
+        where=_call_site(raw, seen),
     )
 
 
-def _checked_entry(path: Path, index: int, raw: Any, seq_key: str) -> Entry:
+def _checked_entry(path: Path, index: int, raw: Any, seq_key: str, seen: _Seen) -> Entry:
     try:
-        return _entry(raw, seq_key)
+        return _entry(raw, seq_key, seen)
     except (KeyError, TypeError, IndexError, ValueError, AttributeError):
         raise _bad_entry(path, index, raw, seq_key) from None
 
@@ -471,6 +521,36 @@ def _recorders(raw: Mapping[str, Any], entries: list[Any], scan: _Scan, path: Pa
     return found
 
 
+def _recent_calls(
+    entries: list[Any], last: Mapping[GroupKey, Entry], path: Path, seq_key: str, seen: _Seen
+) -> dict[GroupKey, dict[int, Frame | None]]:
+    """Per group, where its last collectives were called: the last one (``last``), and up to :data:`CALLS_KEPT`
+    found among the dump's newest entries (twice that many per group, from the end: a look back bounded by the
+    groups, not by the buffer). The entries' other fields were checked by :func:`_scan`."""
+    calls = {key: {entry.seq: entry.where} for key, entry in last.items()}
+    open_keys = set(calls)
+    stop = max(0, len(entries) - 2 * CALLS_KEPT * len(calls))
+    for index in range(len(entries) - 1, stop - 1, -1):
+        if not open_keys:
+            break
+        raw = entries[index]
+        flag = raw.get("is_p2p")
+        if flag is True or (flag is None and _is_p2p(raw, seq_key)) or not raw[seq_key]:
+            continue
+        key = (raw["process_group"][0], op_name(raw["profiling_name"])[0])
+        kept = calls.get(key)
+        if kept is None or key not in open_keys or raw[seq_key] in kept:
+            continue
+        if len(kept) >= CALLS_KEPT:
+            open_keys.discard(key)
+            continue
+        try:
+            kept[raw[seq_key]] = _call_site(raw, seen)
+        except ValueError:
+            raise _bad_entry(path, index, raw, seq_key) from None
+    return calls
+
+
 # --- one dump ------------------------------------------------------------------------------------------------------
 
 
@@ -519,11 +599,12 @@ def summarize(
     entries = raw["entries"]
     seq_key = "seq_id" if entries and isinstance(entries[0], dict) and "seq_id" in entries[0] else "collective_seq_id"
     scan = _scan(entries, path, seq_key)
-    p2p = _p2p([_checked_entry(path, index, item, seq_key) for index, item in scan.p2p])
+    seen: _Seen = {}
+    p2p = _p2p([_checked_entry(path, index, item, seq_key, seen) for index, item in scan.p2p])
     groups, default_ranks = _members(raw, rank, side, path, scan, {key[0][0] for key in p2p.count})
-    last = {key: _checked_entry(path, index, item, seq_key) for key, (index, item) in scan.last.items()}
+    last = {key: _checked_entry(path, index, item, seq_key, seen) for key, (index, item) in scan.last.items()}
     world_size = shim.get("world_size") or side.get("world_size")
-    newest = _checked_entry(path, len(entries) - 1, entries[-1], seq_key) if entries else None
+    newest = _checked_entry(path, len(entries) - 1, entries[-1], seq_key, seen) if entries else None
     return RankDump(
         rank=rank,
         path=path,
@@ -538,6 +619,7 @@ def summarize(
         p2p_count=p2p.count,
         latest=newest,
         recorders=_recorders(raw, entries, scan, path),
+        calls=_recent_calls(entries, last, path, seq_key, seen),
         pg_status=dict(raw.get("pg_status") or {}),
         world_size=world_size,
         default_ranks=default_ranks,

@@ -1,9 +1,10 @@
 """What the hang report reads out of one rank's dump: typed records, as torch's ``flight_recorder/types.py`` keeps
 its own apart from its loader.
 
-:class:`Entry` is one op of one rank; :class:`RankDump` one rank's dump, reduced to what the analysis needs;
-:class:`Recorder` what one Flight Recorder instance of that rank says of itself (torch keeps one per backend:
-Gloo's, stock NCCL's, and one per hooked backend such as torch 2.15's ``nccl2``). A group is keyed by
+:class:`Entry` is one op of one rank, with where it was called (the innermost user frame of torch's
+``frames``); :class:`RankDump` one rank's dump, reduced to what the analysis needs; :class:`Recorder` what one
+Flight Recorder instance of that rank says of itself (torch keeps one per backend: Gloo's, stock NCCL's, and one
+per hooked backend such as torch 2.15's ``nccl2``). A group is keyed by
 :data:`GroupKey`, its name and the recorder that numbered its ops (``("0", "gloo")``, ``("0", "nccl")``): the
 two halves of a ``cpu:gloo,cuda:nccl`` group are numbered apart. :class:`DumpError` is the one line for input
 that cannot be read.
@@ -15,6 +16,8 @@ import array
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from nemo_rl_shim.cli.hang_report.frames import Frame
 
 __all__ = ["DumpError", "Entry", "GroupKey", "P2PKey", "RankDump", "Recorder"]
 
@@ -47,6 +50,7 @@ class Entry:
     batched: bool = False  # p2p: one op of a batch_isend_irecv (its state is its coalesced entry's)
     lib: str = ""  # the recorder: the comm library in profiling_name ("nccl", "nccl2", "gloo")
     ordinal: int = 0  # p2p: its place among this rank's ops of its kind toward its peer in the buffer (1: oldest)
+    where: Frame | None = None  # where it was called: the innermost user frame of the entry's ``frames``
 
     @property
     def done(self) -> bool:
@@ -84,6 +88,9 @@ class RankDump:
     p2p_count: dict[P2PKey, int]  # how many such ops the buffer holds
     latest: Entry | None  # the newest entry: what the rank was in, or did last, when it dumped
     recorders: dict[str, Recorder]  # lib -> its buffer's facts
+    # where the group's last collectives were called (seq -> innermost user frame, None where the entry has none):
+    # the last one always, and those among the dump's newest entries (dump_format.CALLS_KEPT per group at most)
+    calls: dict[GroupKey, dict[int, Frame | None]] = field(default_factory=dict)
     pg_status: dict[str, Any] = field(default_factory=dict)
     world_size: int | None = None  # as the shim's dump or sidecar states it
     default_ranks: tuple[int, ...] | range | None = None  # the default group's members, as a record lists them

@@ -4,7 +4,8 @@ Text: the first line names the culprit ranks, the op and the group, and where th
 by shape (``tp: 128 groups of 8, all at #1000 but one``), each group that disagrees in full with its ranks
 as ranges, the other findings, the stacks (identical ones grouped, the outliers first, up to
 :data:`STACK_GROUPS_SHOWN`), the dumps (one line each up to :data:`DUMPS_IN_FULL`, a summary beyond), and
-torch's analyzer in one line. JSON keeps every group, rank, finding and every rank's frames.
+torch's analyzer in one line. JSON keeps every group, rank, finding (with where each of its ranks called the op,
+``called_at``) and every rank's frames.
 """
 
 from __future__ import annotations
@@ -208,6 +209,7 @@ def finding_json(f: Finding, analysis: Analysis) -> dict[str, Any]:
         "waiting": f.waiting,
         "waited_s": None if f.waited_s is None else round(f.waited_s, 3),
         "detail": f.detail,
+        "called_at": {rank: (frame.to_json() if frame else None) for rank, frame in sorted(f.called_at.items())},
         "pg_status_counts_done": hints,
         "line": f.line(),
     }

@@ -26,12 +26,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nemo_rl_shim.cli.hang_report.frames import Frame, frame, is_runtime_frame, user_frame
 from nemo_rl_shim.stack_watchdog import HEADER, STACK_FILE_NAME
 
 __all__ = [
@@ -59,35 +59,7 @@ _FRAME = re.compile(r'^  File "(.*)", line (\d+|\?\?\?) in (.*)$', re.MULTILINE)
 #: Lines that start a new dump in one file (a plain faulthandler user's file, re-armed without emptying it).
 _DUMP_START = re.compile(r"^(?:Timeout \(|Fatal Python error|Windows fatal exception)", re.MULTILINE)
 _CUT = re.compile(r"^ *\.\.\.$", re.MULTILINE)
-#: Paths of frames that are not the user's: torch (and its C10d bindings), this shim, the standard library.
-_RUNTIME = re.compile(
-    r"[/\\](?:torch|nemo_rl_shim)[/\\]"
-    r"|[/\\]lib[/\\]python3(?:\.\d+)?t?[/\\](?!(?:site|dist)-packages[/\\])"
-    r"|^<frozen "
-)
 _COLLECTIVE = re.compile(r"[/\\]torch[/\\]distributed[/\\]")
-
-
-@dataclass(frozen=True, slots=True)
-class Frame:
-    """One line of a stack: ``File "...", line N in function``."""
-
-    file: str
-    line: int | None
-    function: str
-
-    @property
-    def where(self) -> str:
-        """``/job/train.py:57 in load_batch``."""
-        return f"{self.file}:{'?' if self.line is None else self.line} in {self.function}"
-
-    def to_json(self) -> dict[str, Any]:
-        return {"file": self.file, "line": self.line, "function": self.function}
-
-
-def is_runtime_frame(frame: Frame) -> bool:
-    """A frame of torch, of this shim or of the standard library (threading included): not the user's code."""
-    return bool(_RUNTIME.search(frame.file))
 
 
 @dataclass
@@ -110,8 +82,9 @@ class RankStack:
 
     @property
     def user_frame(self) -> Frame | None:
-        """The innermost frame outside torch, the shim and the standard library (else the innermost one)."""
-        return next((f for f in self.frames if not is_runtime_frame(f)), self.frames[0] if self.frames else None)
+        """The innermost frame outside torch, the shim and the standard library (:func:`.frames.user_frame`); where
+        every frame is theirs, the innermost one: it is still where the rank was."""
+        return user_frame(self.frames) or (self.frames[0] if self.frames else None)
 
     @property
     def in_torch_distributed(self) -> bool:
@@ -162,19 +135,19 @@ def _header(line: str, stack: RankStack) -> None:
 
 
 #: Frames already made, by their line: the ranks of one job share most of their frames (bounded, for hostile files).
-_MADE: dict[str, Frame] = {}
-_MADE_MAX = 100_000
+_BY_LINE: dict[str, Frame] = {}
+_BY_LINE_MAX = 100_000
 
 
 def _frame(match: re.Match[str]) -> Frame:
     line = match.group(0)
-    frame = _MADE.get(line)
-    if frame is None:
+    found = _BY_LINE.get(line)
+    if found is None:
         file, number, function = match.groups()
-        frame = Frame(sys.intern(file), int(number) if number.isdigit() else None, sys.intern(function))
-        if len(_MADE) < _MADE_MAX:
-            _MADE[line] = frame
-    return frame
+        found = frame(file, int(number) if number.isdigit() else None, function)
+        if len(_BY_LINE) < _BY_LINE_MAX:
+            _BY_LINE[line] = found
+    return found
 
 
 def _frames(block: str, first_only: bool = False) -> list[Frame]:

@@ -1,16 +1,18 @@
 """The first line, with where: who stalled and in which collective, then where that rank's own code was, then
 where its peers wait.
 
-The finding (:mod:`.analysis`) names the rank, the op, its sequence number and the group; the stacks
-(:mod:`.stacks`) add the place. A rank named by the finding that left a stack gets its innermost frame in
-user code (torch, the shim and the standard library skipped) and how long its block had run::
+The finding (:mod:`.analysis`) names the rank, the op, its sequence number and the group, and where the waiting
+peers called the op (their dumps' ``frames``); the stacks (:mod:`.stacks`) place the rank named. A rank named by
+the finding that left a stack gets its innermost frame in user code (torch, the shim and the standard library
+skipped, :func:`.frames.user_frame`) and how long its block had run; the peers, where they called the collective::
 
     rank 3 did not enter all_reduce #6 on default, ranks 0-3: at /job/train.py:57 in load_batch (its stack,
-    8.0 s into "train step"); ranks 0-2 waited 3.0 s in it
+    8.0 s into "train step"); ranks 0-2 waited 3.0 s in it at /job/train.py:42 in step
 
 A rank that left no dump but a stack outside ``torch.distributed`` (stuck in a C call that holds the GIL,
 where its dump watcher cannot run) did not enter the collective its peers wait in, and reads the same, with
-"no dump from it". Peers that left stacks too are placed the same way, by group of identical places. Any
+"no dump from it". Peers that left stacks too are placed by them, by group of identical places, where a stack
+puts them elsewhere than where they called the collective (under NCCL a rank waits later than it calls). Any
 other finding keeps its own line, and the places follow it.
 """
 
@@ -19,7 +21,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from nemo_rl_shim.cli.hang_report.analysis import Finding
-from nemo_rl_shim.cli.hang_report.stacks import Frame, RankStack
+from nemo_rl_shim.cli.hang_report.frames import Frame, same_place
+from nemo_rl_shim.cli.hang_report.stacks import RankStack
 from nemo_rl_shim.rank_ranges import format_ranks
 
 __all__ = ["finding_line", "places", "stalled_line"]
@@ -60,13 +63,16 @@ def _culprit_places(ranks: Sequence[int], stacks: Mapping[int, RankStack], also:
     return "; ".join(parts)
 
 
-def _peer_places(waiting: Sequence[int], stacks: Mapping[int, RankStack]) -> str:
-    grouped = places(waiting, stacks)
+def _peer_places(finding: Finding, stacks: Mapping[int, RankStack]) -> str:
+    """The waiting peers' stacks, where they put a peer elsewhere than where it called the collective."""
+    calls = finding.called_at
+    elsewhere = [r for r in finding.waiting if r not in stacks or not same_place(stacks[r].user_frame, calls.get(r))]
+    grouped = places(elsewhere, stacks)
     if not grouped:
         return ""
     shown = [f"{_ranks(rs)} {_place(frame)}" for frame, rs in grouped[:PEER_PLACES]]
     more = f", +{len(grouped) - PEER_PLACES} more places" if len(grouped) > PEER_PLACES else ""
-    return f" ({'; '.join(shown)}{more})"
+    return f" (their stacks: {'; '.join(shown)}{more})"
 
 
 def _did_not_enter(finding: Finding, stacks: Mapping[int, RankStack]) -> bool:
@@ -84,7 +90,7 @@ def _did_not_enter(finding: Finding, stacks: Mapping[int, RankStack]) -> bool:
 def finding_line(finding: Finding, stacks: Mapping[int, RankStack]) -> str:
     """The finding's line, with the places of the ranks it names and of their waiting peers (see the module)."""
     culprits = _written(finding.ranks, stacks)
-    peers = _peer_places(finding.waiting, stacks)
+    peers = _peer_places(finding, stacks)
     if not culprits and not peers:
         return finding.line()
     if _did_not_enter(finding, stacks) and culprits:
@@ -95,7 +101,7 @@ def finding_line(finding: Finding, stacks: Mapping[int, RankStack]) -> str:
         at = _culprit_places(finding.ranks, stacks, also, named=False)
         waited = f"{_ranks(finding.waiting)} waited"
         waited += f" {finding.waited_s:.1f} s" if finding.waited_s is not None else ""
-        return f"{_ranks(finding.ranks)} did not enter {where}: {at}; {waited} in it{peers}"
+        return f"{_ranks(finding.ranks)} did not enter {where}: {at}; {waited} in it{finding.waited_at()}{peers}"
     at = f"; {_culprit_places(culprits, stacks)}" if culprits else ""
     return f"{finding.line()}{at}{peers}"
 
