@@ -323,6 +323,15 @@ def test_a_coalesced_collective_reads_as_its_closer(scenarios) -> None:
     assert report.exit_code == hang_report.EXIT_AGREE and report.dumps[0].last[("0", "nccl")].op == "coalesced"
 
 
+def test_a_coalesced_collective_is_one_number_whose_signature_joins_its_ops(scenarios) -> None:
+    """Its two ops and its closer share one collective number: the rank's signatures hold that number once, with
+    the ops' names and sizes joined (what a rank whose second op differs is compared on)."""
+    dump = next(d for d in loader.load_dumps(scenarios["coalesced_healthy"]) if d.rank == 0)
+    numbers, ids = dump.signatures[("0", "nccl")]
+    assert list(numbers) == [1, 2]
+    assert {dump.sig_table[i] for i in ids} == {("nccl:all_reduce+nccl:all_reduce", "[[4]]; [[4]]")}
+
+
 def test_the_prefix_in_effect_wins_over_torchs_default_beside_it(scenarios, tmp_path, monkeypatch) -> None:
     """A folder with this run's dumps under TORCH_FR_DUMP_TEMP_FILE's prefix and another run's under torch's
     default name: the prefix in effect is read."""

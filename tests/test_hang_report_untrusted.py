@@ -240,6 +240,10 @@ MALFORMED: dict[str, tuple[Any, str]] = {
     "a sequence number past int64": (_set("1", "collective_seq_id", 2**70), "not an int from 0 to 2**63 - 1"),
     "a bool for is_p2p": (_set("0", "is_p2p", 1), "'is_p2p' is 1 (int), not a bool"),
     "a process group that is text": (_set("0", "process_group", "0"), "'process_group' is '0' (str)"),
+    "a process group named by a number": (
+        _set("0", "process_group", (0, "default_pg")),
+        "'process_group' is (0, 'default_pg') (tuple), not (name, description)",
+    ),
     "a profiling name that is a number": (_set("0", "profiling_name", 7), "'profiling_name' is 7 (int)"),
     "a state nobody writes": (_set("2", "state", "finished"), "'state' is 'finished' (str)"),
     "sizes that nest 2**60 items": (_set("1", "input_sizes", _shared_nest(60)), "'input_sizes' is"),

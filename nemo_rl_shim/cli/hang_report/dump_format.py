@@ -161,23 +161,29 @@ def compact_ranks(ranks: Iterable[int]) -> range | tuple[int, ...]:
 
 def _rank_list(value: Any, where: str) -> range | tuple[int, ...]:
     """Checked ranks: a list (or torch's text of one, ``"[0, 1]"``) of distinct non-negative ints."""
-    ranks = _parse_ranks(value) if isinstance(value, str) else value
+    ranks = _ranks_of_text(value) if isinstance(value, str) else _checked_ranks(value)
+    if ranks is None:
+        raise DumpError(f"{where} is {_shown(value)}, not a list of distinct ranks")
+    return ranks
+
+
+def _checked_ranks(ranks: Any) -> range | tuple[int, ...] | None:
     checked = isinstance(ranks, list | tuple) and all(_is_int(r) and r >= 0 for r in ranks)
-    if checked and len(set(ranks)) == len(ranks):
-        return compact_ranks(ranks)
-    raise DumpError(f"{where} is {_shown(value)}, not a list of distinct ranks")
+    return compact_ranks(ranks) if checked and len(set(ranks)) == len(ranks) else None
 
 
 @functools.lru_cache(maxsize=4096)
-def _parse_ranks(text: str) -> Any:
-    """torch writes a group's ranks as ``"[0, 1, 2]"``: JSON, read in C; a cache, since every rank lists the same."""
+def _ranks_of_text(text: str) -> range | tuple[int, ...] | None:
+    """torch writes a group's ranks as ``"[0, 1, 2]"``: JSON, read in C, then checked; cached, since every rank's
+    dump lists the same groups (the default group's thousand ranks in each)."""
     try:
-        return json.loads(text)
+        ranks = json.loads(text)
     except Exception:
         try:
-            return ast.literal_eval(text)  # literals only: no code runs
+            ranks = ast.literal_eval(text)  # literals only: no code runs
         except Exception:
             return None
+    return _checked_ranks(ranks)
 
 
 def groups_from_map(groups: Any, where: str) -> dict[str, dict[str, Any]]:
@@ -400,72 +406,87 @@ class _Scan:
 
 def _scan(entries: list[Any], path: Path, seq_key: str) -> _Scan:
     """One lean pass, every field it reads checked as it reads it: at 2,000 entries a rank and thousands of ranks,
-    every step per entry counts (a signature's text is made only when an entry's name or sizes differ from the
-    group's previous entry)."""
+    every step per entry counts. Per group, the last entry's name, sizes and signature are held (a signature's
+    text is made only when an entry's name or sizes differ from them), and per group and recorder a slot (its
+    numbers, its signature ids, its last entry's index) that the pass appends to."""
     scan = _Scan()
-    previous: dict[str, tuple[Any, Any, int, GroupKey]] = {}  # group -> (name, sizes, signature id, key) of its last
-    all_seqs, all_ids, last, p2p_entries = scan.seqs, scan.sig_ids, scan.last, scan.p2p
+    at: dict[str, list[Any]] = {}  # group -> [name, sizes, signature id, slot] of its last collective
+    # (group, recorder) -> [numbers, signature ids, index of its last entry, its last number]
+    slots: dict[GroupKey, list[Any]] = {}
+    table, p2p_entries, max_seq = scan.table, scan.p2p, _MAX_SEQ
     tracks = False
     for index, raw in enumerate(entries):
         try:
             pg = raw["process_group"]
-            group = pg[0]
             name = raw["profiling_name"]
-            if type(group) is not str or type(name) is not str or not (type(pg) is tuple or type(pg) is list):
+            kind = type(pg)
+            if kind is not tuple and kind is not list:
+                raise TypeError
+            group = pg[0]
+            if type(group) is not str or type(name) is not str:
                 raise TypeError
             if not tracks and raw.get("state") != "scheduled":
                 tracks = True
             flag = raw.get("is_p2p")  # _is_p2p's first step, inline: this loop runs for every entry
-            if flag is True or (flag is None and _is_p2p(raw, seq_key)):
-                p2p_entries.append((index, raw))
-                continue
-            if flag is not None and flag is not False:
-                raise TypeError
+            if flag is not False:
+                if flag is True or (flag is None and _is_p2p(raw, seq_key)):
+                    p2p_entries.append((index, raw))
+                    continue
+                if flag is not None:
+                    raise TypeError
             seq = raw[seq_key]
-            if type(seq) is not int or not 0 <= seq <= _MAX_SEQ:
+            if type(seq) is not int or seq > max_seq or seq < 0:
                 raise TypeError
         except (KeyError, TypeError, IndexError, AttributeError):
             raise _bad_entry(path, index, raw, seq_key) from None
-        if seq == 0:
+        if not seq:
             continue
         sizes = raw.get("input_sizes")
-        before = previous.get(group)
-        if before is not None and before[0] == name and before[1] == sizes:
-            sig, key = before[2], before[3]
-        else:
-            if not _sizes_ok(sizes):
-                raise _bad_entry(path, index, raw, seq_key)
-            sig = scan.table.setdefault((name, sizes_text(sizes)), len(scan.table))
-            key = (group, op_name(name)[0])
-            previous[group] = (name, sizes, sig, key)
-        seqs = all_seqs.get(key)
-        if seqs is None:
-            pg = raw["process_group"]
-            seqs = all_seqs[key] = array.array("q")
-            all_ids[key] = array.array("q")
-            scan.descs.setdefault(group, pg[1] if len(pg) > 1 else "")
-        if seqs and seqs[-1] == seq:  # one op of a coalesced collective: they share its number
-            _coalesce(scan, key, index, raw, name, sizes)
+        last = at.get(group)
+        if last is None or last[0] != name or last[1] != sizes:
+            last = at[group] = _signature(scan, slots, index, raw, path, seq_key)
+        slot = last[3]
+        if slot[3] == seq:  # one op of a coalesced collective: they share its number
+            _coalesce(table, slot, index, name, sizes)
             continue
-        seqs.append(seq)
-        all_ids[key].append(sig)
-        last[key] = (index, raw)
+        slot[0].append(seq)
+        slot[1].append(last[2])
+        slot[2] = index
+        slot[3] = seq
     scan.tracks = tracks
+    for key, (seqs, ids, last_index, _) in slots.items():
+        scan.seqs[key], scan.sig_ids[key], scan.last[key] = seqs, ids, (last_index, entries[last_index])
     for _, raw in p2p_entries:
         pg = raw["process_group"]
         scan.descs.setdefault(pg[0], pg[1] if len(pg) > 1 else "")
     return scan
 
 
-def _coalesce(scan: _Scan, key: GroupKey, index: int, raw: dict[str, Any], name: str, sizes: Any) -> None:
+def _signature(
+    scan: _Scan, slots: dict[GroupKey, list[Any]], index: int, raw: dict[str, Any], path: Path, seq_key: str
+) -> list[Any]:
+    """A collective whose name or sizes differ from its group's last one: its sizes checked, its signature's id,
+    and its group and recorder's slot (made, with the group's description, at the first)."""
+    name, sizes, pg = raw["profiling_name"], raw.get("input_sizes"), raw["process_group"]
+    if not _sizes_ok(sizes):
+        raise _bad_entry(path, index, raw, seq_key)
+    key = (pg[0], op_name(name)[0])
+    slot = slots.get(key)
+    if slot is None:
+        slot = slots[key] = [array.array("q"), array.array("q"), index, -1]
+        scan.descs.setdefault(pg[0], pg[1] if len(pg) > 1 else "")
+    return [name, sizes, scan.table.setdefault((name, sizes_text(sizes)), len(scan.table)), slot]
+
+
+def _coalesce(table: dict[tuple[str, str], int], slot: list[Any], index: int, name: str, sizes: Any) -> None:
     """A further entry under the group's last number: the closer (``..._coalesced``, which carries the state)
     or one more op of the coalesced collective, joined into its signature."""
     if name.endswith("coalesced"):
-        scan.last[key] = (index, raw)
+        slot[2] = index
         return
-    ids = scan.sig_ids[key]
-    first = next(k for k, i in scan.table.items() if i == ids[-1])
-    ids[-1] = scan.table.setdefault((f"{first[0]}+{name}", f"{first[1]}; {sizes_text(sizes)}"), len(scan.table))
+    ids = slot[1]
+    first = next(k for k, i in table.items() if i == ids[-1])
+    ids[-1] = table.setdefault((f"{first[0]}+{name}", f"{first[1]}; {sizes_text(sizes)}"), len(table))
 
 
 @dataclass
