@@ -408,7 +408,8 @@ def _scan(entries: list[Any], path: Path, seq_key: str) -> _Scan:
     """One lean pass, every field it reads checked as it reads it: at 2,000 entries a rank and thousands of ranks,
     every step per entry counts. Per group, the last entry's name, sizes and signature are held (a signature's
     text is made only when an entry's name or sizes differ from them), and per group and recorder a slot (its
-    numbers, its signature ids, its last entry's index) that the pass appends to."""
+    numbers, its signature ids, its last entry's index and its last number) that the pass appends to: no tuple
+    is made and no dict written per entry."""
     scan = _Scan()
     at: dict[str, list[Any]] = {}  # group -> [name, sizes, signature id, slot] of its last collective
     # (group, recorder) -> [numbers, signature ids, index of its last entry, its last number]
