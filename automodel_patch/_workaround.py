@@ -18,12 +18,13 @@ from automodel_patch._verdict import Detection, Verdict
 
 __all__ = ["SHIM_USERS", "Functions", "Layer", "Probe", "Workaround"]
 
-#: The files of ``nemo_rl_shim`` that import ``automodel_patch`` (``tests/test_workaround_tags.py`` checks
-#: this against the sources): where the package is used once the last workaround has gone.
+#: The files of ``nemo_rl_shim`` that import ``automodel_patch``
+#: (``tests/automodel_patch/test_workaround_tags.py`` checks this against the sources): where the package is used
+#: once the last workaround has gone.
 SHIM_USERS = (
-    "nemo_rl_shim/decision.py",
-    "nemo_rl_shim/distributed_setup.py",
-    "nemo_rl_shim/support.py",
+    "nemo_rl_shim/setup/decision.py",
+    "nemo_rl_shim/setup/distributed.py",
+    "nemo_rl_shim/setup/support.py",
     "nemo_rl_shim/cli/status.py",
     "nemo_rl_shim/cli/preflight/fake_backend.py",
     "nemo_rl_shim/cli/preflight/_fork_server.py",

@@ -16,7 +16,7 @@ Fix: a layer over the override that, for a non-CUDA mesh, overrides every axis w
 Removal: when the genuine override, called for a CPU mesh under a ``"gloo"`` default group,
     gives every axis the requested timeout, and the genuine ``_unflatten_compat`` passes it
     to a CPU mesh's MoE axes (or no longer exists).
-Tripwire: ``tests/test_tripwire.py::test_cpu_mesh_timeout_is_still_needed``.
+Tripwire: ``tests/automodel_patch/test_tripwire.py::test_cpu_mesh_timeout_is_still_needed``.
 Upstream PR: ``automodel_patch/upstream/cpu-mesh-timeout.patch`` (description beside it).
 """
 
@@ -142,16 +142,16 @@ WORKAROUND = Workaround(
         "(its _nccl_backend_override overrides every axis of a CPU mesh with the timeout, and _unflatten_compat "
         "passes it to a CPU mesh's MoE axes)"
     ),
-    tripwire="tests/test_tripwire.py::test_cpu_mesh_timeout_is_still_needed",
+    tripwire="tests/automodel_patch/test_tripwire.py::test_cpu_mesh_timeout_is_still_needed",
     places={
         "automodel_patch/cpu_mesh_timeout.py": "the workaround itself: delete the file",
         "automodel_patch/__init__.py": "its entry in WORKAROUNDS and its import: delete both lines",
-        "tests/test_cpu_mesh_timeout.py": "its unit tests: delete the file",
+        "tests/automodel_patch/test_cpu_mesh_timeout.py": "its unit tests: delete the file",
         "automodel_patch/upstream/cpu-mesh-timeout.patch": "the upstream PR (merged by now): delete the file",
         "automodel_patch/upstream/cpu-mesh-timeout.md": "the upstream PR's description: delete the file",
-        "tests/test_upstream_patches.py": "the cpu-mesh-timeout entries and tests: delete them",
-        "tests/test_releases.py": "the cpu-mesh-timeout expectations of the release matrix: delete them",
-        "tests/test_tripwire.py": "test_cpu_mesh_timeout_is_still_needed: delete it",
+        "tests/automodel_patch/test_upstream_patches.py": "the cpu-mesh-timeout entries and tests: delete them",
+        "tests/automodel_patch/test_releases.py": "the cpu-mesh-timeout expectations of the release matrix: delete",
+        "tests/automodel_patch/test_tripwire.py": "test_cpu_mesh_timeout_is_still_needed: delete it",
         "README.md": "its row in 'When the pin moves': delete it",
     },
     default_backends=frozenset({GLOO}),

@@ -15,7 +15,7 @@ Fix: a layer over the override that, for a CUDA mesh, keeps the default group's 
 Removal: when the automodel pin includes NVIDIA-NeMo/Automodel#4602, which the probe sees
     as: under a ``"cuda:nccl,cpu:gloo"`` default group the genuine override keeps both
     halves on every axis, with the requested timeout.
-Tripwire: ``tests/test_tripwire.py::test_keep_cpu_backend_is_still_needed``.
+Tripwire: ``tests/automodel_patch/test_tripwire.py::test_keep_cpu_backend_is_still_needed``.
 Upstream PR: ``automodel_patch/upstream/keep-cpu-backend.patch`` (description beside it); the fork
     patch ``automodel_patch/keep-cpu-backend.patch`` carries the same ``mesh_utils.py`` change.
 """
@@ -72,21 +72,21 @@ WORKAROUND = Workaround(
         "the automodel pin includes NVIDIA-NeMo/Automodel#4602 (under a cuda:nccl,cpu:gloo default group its "
         "_nccl_backend_override keeps both halves, with the timeout, on every axis)"
     ),
-    tripwire="tests/test_tripwire.py::test_keep_cpu_backend_is_still_needed",
+    tripwire="tests/automodel_patch/test_tripwire.py::test_keep_cpu_backend_is_still_needed",
     places={
         "automodel_patch/keep_cpu_backend.py": "the workaround itself: delete the file",
         "automodel_patch/__init__.py": "its entry in WORKAROUNDS, its import and SOURCE_PATCH: delete the tagged lines",
         "automodel_patch/keep-cpu-backend.patch": "the source patch for forks: delete the file",
         "automodel_patch/upstream/keep-cpu-backend.patch": "the upstream PR (merged by now): delete the file",
         "automodel_patch/upstream/keep-cpu-backend.md": "the upstream PR's description: delete the file",
-        "tests/test_upstream_patches.py": "its entries, the drift test and its real-world checks: delete them",
-        "tests/test_keep_cpu_backend.py": "its unit tests: delete the file",
-        "tests/test_source_patch.py": "the source patch's tests: delete the file",
-        "tests/test_releases.py": "the keep-cpu-backend expectations of the release matrix: delete them",
+        "tests/automodel_patch/test_upstream_patches.py": "its entries, the drift test, its real-world checks: delete",
+        "tests/automodel_patch/test_keep_cpu_backend.py": "its unit tests: delete the file",
+        "tests/automodel_patch/test_source_patch.py": "the source patch's tests: delete the file",
+        "tests/automodel_patch/test_releases.py": "the keep-cpu-backend expectations of the release matrix: delete",
         "tests/test_gpu.py": "the 'patched' variant of the two-GPU test: delete it, keep the native one",
-        "tests/test_tripwire.py": "test_keep_cpu_backend_is_still_needed: delete it",
+        "tests/automodel_patch/test_tripwire.py": "test_keep_cpu_backend_is_still_needed: delete it",
         "README.md": "its row in 'When the pin moves': delete it",
-        "tests/test_pin_bump.py": "the rehearsal of this very bump: aim it at the next expected fix, or delete it",
+        "tests/automodel_patch/test_pin_bump.py": "the rehearsal of this bump: aim it at the next fix, or delete it",
     },
     default_backends=frozenset({COMPOSITE_BACKEND}),
     names=(OVERRIDE_NAME,),

@@ -77,7 +77,7 @@ def _measure_layout(sync: RankSync, name: str, dtensor_cfg: dict[str, int]) -> d
     import torch.distributed as dist
 
     from nemo_rl_shim import RuntimeConfig, setup_distributed
-    from nemo_rl_shim.groups import backend_timeouts, named_groups
+    from nemo_rl_shim.process_groups.registry import backend_timeouts, named_groups
 
     rank = sync.rank
     set_rank_env(rank, sync.world_size, sync.port(name))

@@ -53,8 +53,8 @@ def measure(params: dict[str, Any]) -> list[dict[str, Any]]:
     import torch
     import torch.distributed as dist
 
-    from nemo_rl_shim.distributed_setup import RuntimeConfig, setup_distributed
-    from nemo_rl_shim.groups import backend_timeouts
+    from nemo_rl_shim.process_groups.registry import backend_timeouts
+    from nemo_rl_shim.setup.distributed import RuntimeConfig, setup_distributed
     from nemo_rl_shim.timeouts import after_first_step
 
     ready_s = time.time() - params["launched_at"]  # process start and imports, under this machine's load

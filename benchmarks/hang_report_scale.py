@@ -17,8 +17,8 @@ train`` (the peers' place from their dumps' frames).
 
 Measured, each in a fresh process (``/usr/bin/time``-free: ``resource.getrusage`` of the child):
 
-* ``hang_report.build_report`` end to end as the command runs it (torch's analyzer skipped at this
-  size), wall time (median of :data:`REPEATS` runs up to 1,024 ranks), CPU seconds, and peak memory
+* ``hang_report.build_report`` end to end as the command runs it (torch's analyzer not run),
+  wall time (median of :data:`REPEATS` runs up to 1,024 ranks), CPU seconds, and peak memory
   (max RSS of the process and of its largest reader, which shares the pages it was forked with);
 * the text report's longest line (readable at any size); reading the stack files alone;
 * **the unpickling floor**: only ``pickle.load`` of every dump, the files split evenly over as many forked
@@ -157,7 +157,7 @@ _WAITING = [
 ]
 _STALLED = [("/job/nemo_rl/data/loader.py", 57, "load_batch"), *_WAITING[3:]]
 _WATCHER = [
-    ("/opt/venv/lib/python3.12/site-packages/nemo_rl_shim/flight_recorder.py", 311, "_watch"),
+    ("/opt/venv/lib/python3.12/site-packages/nemo_rl_shim/flight_recorder/recorder.py", 311, "_watch"),
     (f"{_STDLIB}/threading.py", 1012, "run"),
     (f"{_STDLIB}/threading.py", 1075, "_bootstrap_inner"),
     (f"{_STDLIB}/threading.py", 1032, "_bootstrap"),
@@ -173,7 +173,8 @@ def _thread_text(ident: int, frames: list[tuple[str, int, str]]) -> str:
 
 def generate_stacks(directory: Path, world: int) -> dict[str, Any]:
     """A stack file per rank beside its dump (skipped when written already); returns their size."""
-    from nemo_rl_shim.stack_watchdog import HEADER, stack_path
+    from nemo_rl_shim.flight_recorder.names import HEADER
+    from nemo_rl_shim.flight_recorder.stack_watchdog import stack_path
 
     done = directory / "stacks.json"
     if done.exists():

@@ -85,7 +85,7 @@ def cost(params: dict[str, Any]) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
-    from nemo_rl_shim.distributed_setup import RuntimeConfig, setup_distributed
+    from nemo_rl_shim.setup.distributed import RuntimeConfig, setup_distributed
     from nemo_rl_shim.timeouts import learned_timeouts, set_timeouts
 
     context = setup_distributed(_section(45.0), RuntimeConfig())
@@ -147,7 +147,7 @@ def false_timeouts(params: dict[str, Any]) -> dict[str, Any]:
     """Rank function: ``runs`` healthy runs, each with a fresh learner; stops at the first collective that raises."""
     import torch.distributed as dist
 
-    from nemo_rl_shim.distributed_setup import RuntimeConfig, setup_distributed
+    from nemo_rl_shim.setup.distributed import RuntimeConfig, setup_distributed
     from nemo_rl_shim.timeouts import set_timeouts
 
     context = setup_distributed(_section(params["startup_min"], floor_minutes=params["floor_min"]), RuntimeConfig())
@@ -197,7 +197,7 @@ def detect(params: dict[str, Any]) -> list[dict[str, Any]]:
     import torch
     import torch.distributed as dist
 
-    from nemo_rl_shim.distributed_setup import RuntimeConfig, setup_distributed
+    from nemo_rl_shim.setup.distributed import RuntimeConfig, setup_distributed
     from nemo_rl_shim.timeouts import learned_timeouts
 
     sync = RankSync(timeout_s=900)

@@ -1,6 +1,6 @@
 """Which lowering rule: the shipped one (NVRx's) against lowering to a recent window, on simulated step times.
 
-No ranks: :class:`nemo_rl_shim.learning.Learning` is plain arithmetic, so the rule is replayed on
+No ranks: :class:`nemo_rl_shim.timeouts.learned_rule.Learning` is plain arithmetic, so the rule is replayed on
 step-time traces of 2,000 steps (10 seeds per trace), exactly as a rank drives it: each step runs
 under the value in force, then is counted (an agreement every ``min_steps`` steps, a local raise
 after a longer step between them). Per rule and trace:
@@ -44,7 +44,7 @@ if str(ROOT) not in sys.path:  # run as a script: make nemo_rl_shim and benchmar
 
 from benchmarks._common import environment, print_table, write_results  # noqa: E402
 from nemo_rl_shim.config import LearnedTimeoutsSettings  # noqa: E402
-from nemo_rl_shim.learning import Learned, LearnedState, Learning, next_minutes, target_minutes  # noqa: E402
+from nemo_rl_shim.timeouts.learned_rule import Learned, LearnedState, Learning, next_minutes, target_minutes  # noqa: E402
 
 __all__ = ["RULES", "TRACES", "main", "replay"]
 

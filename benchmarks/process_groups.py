@@ -207,7 +207,7 @@ def _build(world: int, sizes: dict[str, int], reported: str | None) -> dict[str,
     """Build the meshes once with ``MeshContext.build``; the calls, and which axes reuse the default group."""
     import torch.distributed as dist
 
-    from nemo_rl_shim.groups import named_groups
+    from nemo_rl_shim.process_groups.registry import named_groups
 
     calls: list[dict[str, Any]] = []
     with _recording(calls, reported):

@@ -109,7 +109,7 @@ def _mesh_facts(device_mesh: Any, moe_mesh: Any) -> dict[str, Any]:
     """Each named group's size, backends and timeouts (s), and how many distinct groups there are."""
     import torch.distributed as dist
 
-    from nemo_rl_shim.groups import backend_timeouts, group_backends, named_groups
+    from nemo_rl_shim.process_groups.registry import backend_timeouts, group_backends, named_groups
 
     groups = named_groups(device_mesh, moe_mesh)
     return {

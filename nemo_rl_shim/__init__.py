@@ -2,26 +2,45 @@
 
 ``policy.automodel_cfg.distributed_timeout_minutes`` (and ``value.automodel_cfg``
 for PPO) reaches ``init_process_group`` and every DeviceMesh sub-group, without
-breaking FSDP2 CPU offload's Gloo half. Importing this package does not import
-nemo-automodel; that happens on the first ``setup_distributed`` or detection.
+breaking FSDP2 CPU offload's Gloo half.
 
 This package is the library a training worker imports. The ``nemo-rl-shim`` command lives
 in :mod:`nemo_rl_shim.cli`, which imports the library and is never imported by it.
+
+Rooms, each named for what it owns (its ``__init__`` says what it may import), lowest first:
+
+* :mod:`.config`: the ``automodel_cfg`` knob and its checks (no torch);
+* :mod:`.one_line`: what every one-line report is made of: an exception's first line, a list of ranks (no torch);
+* :mod:`.process_groups`: every group torch holds, the value a group made later gets, setting a timeout and
+  reading it back;
+* :mod:`.flight_recorder`: torch's recorder switched on, the dumps, the stack watchdog;
+* :mod:`.setup`: the default group, the decision, the supported pairs, ``setup_distributed``;
+* :mod:`.timeouts` (the phases, the learned timeouts) and :mod:`.audit` (every group, and where its timeout
+  came from), which take ``setup_distributed``'s result.
+
+Importing this package imports no torch and no nemo-automodel: the names below are exported lazily
+(PEP 562), each imported from its room on first use. nemo-automodel is imported on the first
+``setup_distributed`` or detection.
 """
 
 from __future__ import annotations
 
-from nemo_rl_shim.config import (
-    AutomodelConfig,
-    automodel_cfg,
-    distributed_timeout_minutes,
-    distributed_timeout_minutes_after_init,
-    patch_automodel,
-)
-from nemo_rl_shim.decision import Action, Decision, WorkaroundState, decide
-from nemo_rl_shim.distributed_setup import DistributedContext, RuntimeConfig, check_layout, setup_distributed
-from nemo_rl_shim.process_group import backend_for, init_process_group
-from nemo_rl_shim.support import UnsupportedVersions
+from typing import TYPE_CHECKING
+
+from nemo_rl_shim._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from nemo_rl_shim.config.settings import (
+        AutomodelConfig,
+        automodel_cfg,
+        distributed_timeout_minutes,
+        distributed_timeout_minutes_after_init,
+        patch_automodel,
+    )
+    from nemo_rl_shim.setup.decision import Action, Decision, WorkaroundState, decide
+    from nemo_rl_shim.setup.default_group import backend_for, init_process_group
+    from nemo_rl_shim.setup.distributed import DistributedContext, RuntimeConfig, check_layout, setup_distributed
+    from nemo_rl_shim.setup.support import UnsupportedVersions
 
 __all__ = [
     "Action",
@@ -41,3 +60,20 @@ __all__ = [
     "patch_automodel",
     "setup_distributed",
 ]
+
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        ".config.settings": (
+            "AutomodelConfig",
+            "automodel_cfg",
+            "distributed_timeout_minutes",
+            "distributed_timeout_minutes_after_init",
+            "patch_automodel",
+        ),
+        ".setup.decision": ("Action", "Decision", "WorkaroundState", "decide"),
+        ".setup.default_group": ("backend_for", "init_process_group"),
+        ".setup.distributed": ("DistributedContext", "RuntimeConfig", "check_layout", "setup_distributed"),
+        ".setup.support": ("UnsupportedVersions",),
+    },
+)

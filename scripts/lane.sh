@@ -15,9 +15,9 @@
 # CPU tests (mesh, set-up, timeouts, fault, decision, preflight, dry run) and the command line's; the default lane
 # runs everything. Extra arguments go to pytest.
 # The torch-2.9 lane is not redundant: it alone kills two mutants (measured): setup_distributed's post-build
-# timeout pass made a no-op (only torch 2.9 builds sub-groups without the timeout; tests/test_setup_distributed.py,
+# timeout pass made a no-op (only torch 2.9 builds sub-groups without the timeout; tests/setup/test_setup_distributed.py,
 # test_timeouts.py, test_preflight.py fail there), and an unimportable Automodel reported as supported (only
-# there does nemo-automodel 0.7.0 fail to import; tests/test_support.py runs there and skips elsewhere).
+# there does nemo-automodel 0.7.0 fail to import; tests/setup/test_support.py runs there and skips elsewhere).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 read -r -a UV <<< "${NEMO_RL_SHIM_UV:-uv}"  # .ci/run sets it when uv runs as "python3 -m uv"

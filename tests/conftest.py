@@ -29,14 +29,14 @@ from tests.ray_harness import tree as ray_tree
 
 # Ranks started by spawn_ranks are forked from a server that imported torch and nemo-automodel once
 # (nemo_rl_shim.cli.preflight.spawn): the suite is CPU-bound on those imports on 2 cores. Each rank is still its
-# own process with its own environment and real Gloo groups. tests/test_preflight.py runs the command
+# own process with its own environment and real Gloo groups. tests/cli/preflight/test_preflight.py runs the command
 # with this unset, so the command's default (a fresh interpreter per rank) stays tested too.
 os.environ.setdefault("NEMO_RL_SHIM_FORK_RANKS", "1")
 #: Where each file's duration on the last run is kept, in pytest's cache: ``{file name: seconds}``.
 DURATIONS_KEY = "nemo_rl_shim/file_durations_s"
 _durations_now: defaultdict[str, float] = defaultdict(float)
 
-_RAY_FILE = Path(__file__).with_name("test_ray_preflight.py")
+_RAY_FILE = Path(__file__).parent / "cli" / "preflight" / "test_ray_preflight.py"
 _EARLY_RAY_TREE = pytest.StashKey["ray_tree.Started"]()
 
 

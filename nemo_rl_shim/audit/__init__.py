@@ -12,6 +12,12 @@ after its first step with one call::
 
     after_first_step(ctx)
     log_groups(ctx)  # "process groups on rank 0 of 4: 9; configured 3 s on 8; own: undefined:7 [0-3] 7 s"
+
+A room of its own, and a room of one module: the audit reads every group and says where each timeout came from,
+which is neither what a group is (:mod:`nemo_rl_shim.process_groups`) nor a phase (:mod:`nemo_rl_shim.timeouts`),
+and it is one idea in one file, so its code lives in this ``__init__``: ``nemo_rl_shim.audit``, the path the
+README documents, is the module itself (no alias to keep in step). May import: torch,
+:mod:`nemo_rl_shim.process_groups` and :mod:`nemo_rl_shim.one_line`; nothing of the set-up or the phases.
 """
 
 from __future__ import annotations
@@ -26,9 +32,9 @@ import torch.distributed as dist
 from torch.distributed import ProcessGroup
 from torch.distributed import distributed_c10d as c10d
 
-from nemo_rl_shim.every_group import TimeoutSource, all_groups, following, group_sources
-from nemo_rl_shim.groups import backend_readings, named_groups
-from nemo_rl_shim.rank_ranges import format_ranks
+from nemo_rl_shim.one_line.rank_ranges import format_ranks
+from nemo_rl_shim.process_groups.later import TimeoutSource, following, group_sources
+from nemo_rl_shim.process_groups.registry import all_groups, backend_readings, named_groups
 
 __all__ = [
     "BackendTimeout",
@@ -184,7 +190,7 @@ def audit_groups(context: Any = None, *, configured: datetime.timedelta | None =
     ``context`` (a ``DistributedContext``, the shim's or NeMo RL's: anything with ``device_mesh`` and
     ``moe_mesh``) only names the groups its meshes hold (:attr:`GroupAudit.axes`). ``configured`` is the
     value a timeout counts as configured at; by default the value groups made now get
-    (:func:`nemo_rl_shim.every_group.following`), None where torch's defaults apply. Changes nothing.
+    (:func:`nemo_rl_shim.process_groups.later.following`), None where torch's defaults apply. Changes nothing.
     """
     if configured is None:
         configured = following()

@@ -59,7 +59,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _positive_int(text: str) -> int:
-    from nemo_rl_shim.integers import is_positive_int
+    from nemo_rl_shim.config.integers import is_positive_int
 
     value = int(text)
     if not is_positive_int(value):
@@ -176,8 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     hang.add_argument(
         "--torch-analyzer",
         action="store_true",
-        default=None,
-        help="also run torch's analyzer on large directories (by default only up to 20,000 entries in all)",
+        help="also run torch's own analyzer on the dumps (it imports torch, which the report does not need)",
     )
     return parser
 

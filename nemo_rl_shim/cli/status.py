@@ -15,10 +15,10 @@ from typing import Any
 import torch
 
 import automodel_patch
-from nemo_rl_shim.decision import decide
-from nemo_rl_shim.process_group import backend_for
-from nemo_rl_shim.support import TESTED_PAIRS, check
-from nemo_rl_shim.timeouts import TIMEOUT_API
+from nemo_rl_shim.process_groups.setting import TIMEOUT_API
+from nemo_rl_shim.setup.decision import decide
+from nemo_rl_shim.setup.default_group import backend_for
+from nemo_rl_shim.setup.support import TESTED_PAIRS, check
 
 __all__ = ["INSTALL_HINT", "SAMPLE_TIMEOUT_MINUTES", "gather_status", "render_status"]
 
@@ -123,7 +123,7 @@ def _decision_lines(status: dict[str, Any]) -> list[str]:
     if status["build_accepts_timeout"] is False:
         lines.append(
             "MeshContext.build(timeout_minutes=): absent; setup_distributed sets the timeout on every sub-group "
-            "right after the build and reads it back (nemo_rl_shim.mesh_timeouts.set_mesh_timeouts)"
+            "right after the build and reads it back (nemo_rl_shim.process_groups.setting.set_mesh_timeouts)"
         )
     for d in status["decisions"]:
         here = ", this machine" if d["this_machine"] else ""

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, NotRequired, TypedDict
 
-from nemo_rl_shim.integers import is_positive_int
+from nemo_rl_shim.config.integers import is_positive_int
 
 __all__ = [
     "AUTOMODEL_CFG_KEYS",
@@ -26,6 +26,7 @@ __all__ = [
     "AutomodelConfig",
     "FlightRecorderSettings",
     "LearnedTimeoutsSettings",
+    "Role",
     "automodel_cfg",
     "distributed_timeout_minutes",
     "distributed_timeout_minutes_after_init",
@@ -64,7 +65,8 @@ class AutomodelConfig(TypedDict):
     flight_recorder: NotRequired[Mapping[str, Any] | None]
     #: Timeouts learned from the run's own step and phase times: ``{factor: 5, min_steps: 8, floor_minutes: 1}``.
     #: Off by default. On, ``distributed_timeout_minutes`` is required (the ceiling) and
-    #: ``distributed_timeout_minutes_after_init`` is refused (choose one); see :mod:`nemo_rl_shim.learning`.
+    #: ``distributed_timeout_minutes_after_init`` is refused (choose one); see
+    #: :mod:`nemo_rl_shim.timeouts.learned_rule`.
     learned_timeouts: NotRequired[Mapping[str, Any] | None]
 
 

@@ -24,7 +24,7 @@ that did not join.
 * **Where a rank is.** :func:`dump_on_timeout` also watches its block (:func:`stack_watch` does only
   that): a rank still inside it once the default group's timeout plus :data:`STACK_GRACE_S` have passed
   writes every thread's Python stack to ``fr_stack_rank_<rank>.txt`` beside its dump, through
-  faulthandler's C watchdog (:mod:`nemo_rl_shim.stack_watchdog`), which needs no GIL: a rank stuck in a
+  faulthandler's C watchdog (:mod:`nemo_rl_shim.flight_recorder.stack_watchdog`), which needs no GIL: a rank stuck in a
   C call that holds it, whose watcher thread cannot dump, still says where it is.
 * Each dump is torch's own format (the pickle ``_dump_fr_trace`` returns, as NCCL's watchdog
   writes it), with two keys added: ``rank`` and ``nemo_rl_shim`` (the world size, the reason,
@@ -51,18 +51,20 @@ from typing import Any, ClassVar
 import torch
 import torch.distributed as dist
 
-from nemo_rl_shim import stack_watchdog
-from nemo_rl_shim.config import FlightRecorderSettings
-from nemo_rl_shim.groups import backend_timeouts, group_backends, named_groups
+from nemo_rl_shim.config.settings import FlightRecorderSettings
+from nemo_rl_shim.flight_recorder import stack_watchdog
+from nemo_rl_shim.flight_recorder.names import (
+    DUMP_FILE_NAME,
+    ENV_PAIRS,
+    PG_STATUS_KEY,
+    SIDECAR_NAME,
+    TORCH_DEFAULT_PREFIX,
+)
+from nemo_rl_shim.process_groups.registry import backend_timeouts, group_backends, named_groups
 
 __all__ = [
-    "DUMP_FILE_NAME",
-    "ENV_PAIRS",
     "PEER_DUMP_WAIT_S",
-    "PG_STATUS_KEY",
-    "SIDECAR_NAME",
     "STACK_GRACE_S",
-    "TORCH_DEFAULT_PREFIX",
     "configure",
     "dump_now",
     "dump_on_timeout",
@@ -74,21 +76,6 @@ __all__ = [
     "stack_watch",
 ]
 
-#: Dump file name before the rank (torch's default is ``/tmp/nccl_trace_rank_``).
-DUMP_FILE_NAME = "fr_trace_rank_"
-#: The group map beside each dump; its name does not contain :data:`DUMP_FILE_NAME`, so torch's loader skips it.
-SIDECAR_NAME = "fr_groups_rank_{rank}.json"
-#: torch's variable names, newest first: setting the first when none of the pair is set.
-ENV_PAIRS: dict[str, tuple[str, ...]] = {
-    "buffer_size": ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"),
-    "dump_file": ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"),
-    "dump_on_timeout": ("TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_FR_DUMP_ON_TIMEOUT"),
-}
-#: Where :func:`dump_now` joins several recorders, their ``pg_status`` (keyed by ``pg_id``, which each recorder
-#: counts from 0 by itself) is keyed by recorder and ``pg_id`` instead.
-PG_STATUS_KEY = "{backend}/{pg_id}"
-#: torch's own dump-file prefix, where neither dump-file variable is set (its NCCL watchdog writes ``<prefix><rank>``).
-TORCH_DEFAULT_PREFIX = "/tmp/nccl_trace_rank_"
 #: The default store key through which the first rank to time out asks every rank to dump.
 _SIGNAL_KEY = "nemo_rl_shim/flight_recorder/dump"
 _ANSWER_KEY = "nemo_rl_shim/flight_recorder/dumped"
@@ -161,7 +148,7 @@ def group_map(device_mesh: Any, moe_mesh: Any = None) -> dict[str, dict[str, Any
     """``{process-group name: {"axes": [...], "ranks": [...], "desc": ..., "backends": {...}}}`` for this rank.
 
     The name is the one torch writes in each trace entry (``process_group[0]``); the axes are the
-    names :func:`nemo_rl_shim.groups.named_groups` gives that group (``default``, ``dp_shard``, ...).
+    names :func:`nemo_rl_shim.process_groups.registry.named_groups` gives that group (``default``, ``dp_shard``, ...).
     """
     found: dict[str, dict[str, Any]] = {}
     for axis, group in named_groups(device_mesh, moe_mesh).items():
@@ -394,7 +381,7 @@ def stack_watch(what: str, *, grace_s: float = STACK_GRACE_S) -> Iterator[None]:
     the block has run longer than the default group's timeout plus ``grace_s``; leaving the block disarms it.
 
     The part of :func:`dump_on_timeout` that says where a rank is, for code that wants it alone. Does nothing
-    while the recorder is off. See :mod:`nemo_rl_shim.stack_watchdog`.
+    while the recorder is off. See :mod:`nemo_rl_shim.flight_recorder.stack_watchdog`.
     """
     token = _arm_stack(what, grace_s)
     try:

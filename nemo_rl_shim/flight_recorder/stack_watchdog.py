@@ -10,8 +10,8 @@ block, ``flight_recorder.stack_watch`` without the dump.
 * **One watchdog per process.** faulthandler has one, and each arming replaces the last. Nested or
   concurrent blocks are kept here, and the watchdog is armed for the block whose deadline comes first;
   when it leaves, for the next one.
-* **The file** (:data:`STACK_FILE_NAME`) is opened once per process and stays open: faulthandler
-  writes to its descriptor. While a block is armed it holds one header line (:data:`HEADER`, then
+* **The file** (:data:`.names.STACK_FILE_NAME`) is opened once per process and stays open: faulthandler
+  writes to its descriptor. While a block is armed it holds one header line (:data:`.names.HEADER`, then
   JSON: rank, pid, the thread that armed, the block, when it was entered and how long it may run);
   when the watchdog fires, faulthandler's text follows (``Timeout (0:00:08)!``, then per thread
   ``Thread 0x... (most recent call first):`` and ``  File "...", line N in func``). Leaving the last
@@ -35,9 +35,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from nemo_rl_shim.flight_recorder.names import HEADER, STACK_FILE_NAME
+
 __all__ = [
-    "HEADER",
-    "STACK_FILE_NAME",
     "arm",
     "armed_blocks",
     "disarm",
@@ -47,10 +47,6 @@ __all__ = [
     "thread_label",
 ]
 
-#: The stack file of a rank, beside its dump (the name does not end in a digit: dump readers skip it).
-STACK_FILE_NAME = "fr_stack_rank_{rank}.txt"
-#: The first line of a stack file starts with this; JSON follows on the same line.
-HEADER = "nemo-rl-shim stack "
 _FORMAT = 1
 #: The shortest delay handed to faulthandler (it refuses 0).
 _MIN_DELAY_S = 0.001

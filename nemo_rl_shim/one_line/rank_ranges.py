@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable
 
-from nemo_rl_shim.integers import positive_int
+from nemo_rl_shim.config.integers import positive_int
 
 __all__ = ["format_ranks", "rank_runs"]
 

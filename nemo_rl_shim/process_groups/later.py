@@ -1,4 +1,5 @@
-"""Every process group torch holds in this process, and the timeout a group made without one of its own gets.
+"""The timeout a group made later gets, and which groups follow the phases: every group torch holds, made before
+or after set-up.
 
 torch gives a group made without ``timeout=`` the value of ``distributed_c10d._get_default_timeout(backend)``
 (10 min for NCCL, 30 min otherwise), looked up by name at call time in ``init_process_group``,
@@ -32,48 +33,29 @@ import weakref
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-import torch
-import torch.distributed as dist
 from torch.distributed import ProcessGroup
 from torch.distributed import distributed_c10d as c10d
 
-from nemo_rl_shim.groups import backend_readings
+from nemo_rl_shim.process_groups.registry import all_groups, backend_readings, group_key
+from nemo_rl_shim.process_groups.setting import same_timeout, set_group_timeout
 
 __all__ = [
     "CREATION_SLACK",
     "FOLLOW_HOOK",
-    "RESOLUTION",
-    "TIMEOUT_API",
     "TimeoutSource",
-    "all_groups",
     "follow",
     "followers",
     "following",
-    "group_key",
     "group_sources",
     "restore_torch_defaults",
-    "same_timeout",
-    "set_backend_timeouts",
     "set_following",
-    "set_group_timeout",
     "stand_in_installed",
     "torch_default_timeouts",
 ]
 
-# Gate: torch 2.15 added the public torch.distributed.set_timeout (reaches every backend of a
-# group). Delete the fallback once the torch floor in pyproject.toml is 2.15 or newer.
-if hasattr(dist, "set_timeout"):
-    TIMEOUT_API = "torch.distributed.set_timeout"
-    set_group_timeout = dist.set_timeout
-else:  # torch < 2.15: what NeMo RL's torch 2.11 uses (the torch-2.11, -2.10 and -2.9 CI lanes run it)
-    TIMEOUT_API = "torch.distributed.distributed_c10d._set_pg_timeout"
-    set_group_timeout = dist.distributed_c10d._set_pg_timeout
-
 #: The torch function a defaulted timeout comes from (torch 2.9 to 2.15); None where this torch has none,
 #: and then :func:`follow` warns and does nothing.
 FOLLOW_HOOK = "_get_default_timeout" if callable(getattr(c10d, "_get_default_timeout", None)) else None
-#: c10d keeps a timeout in whole milliseconds: two timeouts closer than this are the same value.
-RESOLUTION = datetime.timedelta(milliseconds=1)
 #: The names torch's own function gives an NCCL default for (2.9 compares with ``"nccl"`` alone).
 _NCCL_NAMES = ("nccl", "nccl-legacy", "nccl2", "nccl-lazy")
 
@@ -101,11 +83,6 @@ class _Following:
 _state: _Following | None = None
 #: torch's ``_get_default_timeout`` while :func:`_following_default` stands in for it.
 _torch_function: Callable[[str], datetime.timedelta] | None = None
-
-
-def same_timeout(a: datetime.timedelta, b: datetime.timedelta) -> bool:
-    """Whether ``a`` and ``b`` are one value to c10d (closer than :data:`RESOLUTION`)."""
-    return abs(a - b) < RESOLUTION
 
 
 def _torch_default(backend: str) -> datetime.timedelta:
@@ -165,16 +142,6 @@ def stand_in_installed() -> bool:
     return FOLLOW_HOOK is not None and getattr(c10d, FOLLOW_HOOK) is _following_default
 
 
-def all_groups() -> list[ProcessGroup]:
-    """Every process group torch holds in this process (this rank's), in the order they were made."""
-    return list(c10d._world.pg_map)
-
-
-def group_key(group: ProcessGroup) -> str:
-    """A group's key among every group torch holds: ``"<group_desc>:<group_name>"`` (``"undefined:3"``)."""
-    return f"{getattr(group, 'group_desc', 'undefined')}:{group.group_name}"
-
-
 def torch_default_timeouts(group: ProcessGroup) -> set[datetime.timedelta]:
     """The values torch gives ``group``'s backends by default: for its backend string (``"cuda:nccl,cpu:gloo"``
     gets the Gloo default on both halves), and for each backend's own name."""
@@ -232,18 +199,6 @@ def followers(named: Mapping[str, ProcessGroup] | None = None) -> dict[str, Proc
         if id(group) not in seen and _follows(group, state):
             chosen[group_key(group)] = group
     return chosen
-
-
-def set_backend_timeouts(group: ProcessGroup, timeouts: Mapping[str, datetime.timedelta]) -> None:
-    """Give each backend of ``group`` its value from ``{device type: timeout}`` (one value: torch's setter)."""
-    values = set(timeouts.values())
-    if len(values) == 1:
-        set_group_timeout(values.pop(), group)
-        return
-    for device, timeout in timeouts.items():  # halves that differ: each its own
-        backend = group._get_backend(torch.device(device))
-        setter = getattr(backend, "set_timeout", None) or backend._set_default_timeout
-        setter(timeout)
 
 
 def set_following(timeout: datetime.timedelta) -> None:

@@ -1,4 +1,14 @@
-"""Every process group a run created, by name, and what each one is made of."""
+"""Every process group torch holds, and every group a run created, by name: what each one is made of.
+
+* :func:`all_groups` and :func:`group_key`: every group in torch's registry (``distributed_c10d._world.pg_map``),
+  and the key a group has there (``"undefined:3"``);
+* :func:`named_groups`, :func:`distinct_groups`, :func:`flattened_axes`, :func:`axis_mesh`: a run's own groups,
+  by the mesh axis each serves (``"default"``, ``"tp"``, ``"dp_cp"``, ``"moe.ep"``);
+* :func:`group_backends`, :func:`backend_timeouts`, :func:`backend_readings`: a group's backends and their
+  timeouts, read from the backends themselves.
+
+Reads only: nothing here changes a group.
+"""
 
 from __future__ import annotations
 
@@ -9,16 +19,29 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
+from torch.distributed import distributed_c10d as c10d
 
 __all__ = [
+    "all_groups",
     "axis_mesh",
     "backend_readings",
     "backend_timeouts",
     "distinct_groups",
     "flattened_axes",
     "group_backends",
+    "group_key",
     "named_groups",
 ]
+
+
+def all_groups() -> list[ProcessGroup]:
+    """Every process group torch holds in this process (this rank's), in the order they were made."""
+    return list(c10d._world.pg_map)
+
+
+def group_key(group: ProcessGroup) -> str:
+    """A group's key among every group torch holds: ``"<group_desc>:<group_name>"`` (``"undefined:3"``)."""
+    return f"{getattr(group, 'group_desc', 'undefined')}:{group.group_name}"
 
 
 def _plain(name: Any) -> str:

@@ -1,4 +1,11 @@
-"""Give every process group of a built mesh the timeout, and prove it by reading each one back.
+"""Setting a process group's timeout, and reading it back: the one setter every timeout change goes through.
+
+* :func:`set_group_timeout` is torch's setter (``torch.distributed.set_timeout`` from torch 2.15,
+  ``_set_pg_timeout`` before: :data:`TIMEOUT_API`); it reaches every backend of a group.
+  :func:`set_backend_timeouts` gives each backend its own value where the halves differ.
+* :data:`RESOLUTION` and :func:`same_timeout`: c10d keeps whole milliseconds, so two values closer than one
+  are one value.
+* :func:`set_mesh_timeouts` gives every group of a built mesh the timeout, and proves it by reading each one back.
 
 For Automodel pins whose mesh builder takes no timeout (NeMo RL's pin 24b47e856, releases
 0.3.0 and 0.4.0: ``create_device_mesh`` has no ``timeout_minutes`` and ``MeshContext`` no
@@ -18,15 +25,54 @@ rank runs the same set-up, so no rank lowers a timeout under a peer's wait.
 from __future__ import annotations
 
 import datetime
+from collections.abc import Mapping
 from typing import Any
 
+import torch
+import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
-from nemo_rl_shim.config import minutes_timedelta
-from nemo_rl_shim.every_group import RESOLUTION, set_group_timeout
-from nemo_rl_shim.groups import backend_timeouts, distinct_groups, group_backends, named_groups
+from nemo_rl_shim.config.settings import minutes_timedelta
+from nemo_rl_shim.process_groups.registry import backend_timeouts, distinct_groups, group_backends, named_groups
 
-__all__ = ["mesh_groups", "set_mesh_timeouts"]
+__all__ = [
+    "RESOLUTION",
+    "TIMEOUT_API",
+    "mesh_groups",
+    "same_timeout",
+    "set_backend_timeouts",
+    "set_group_timeout",
+    "set_mesh_timeouts",
+]
+
+# Gate: torch 2.15 added the public torch.distributed.set_timeout (reaches every backend of a
+# group). Delete the fallback once the torch floor in pyproject.toml is 2.15 or newer.
+if hasattr(dist, "set_timeout"):
+    TIMEOUT_API = "torch.distributed.set_timeout"
+    set_group_timeout = dist.set_timeout
+else:  # torch < 2.15: what NeMo RL's torch 2.11 uses (the torch-2.11, -2.10 and -2.9 CI lanes run it)
+    TIMEOUT_API = "torch.distributed.distributed_c10d._set_pg_timeout"
+    set_group_timeout = dist.distributed_c10d._set_pg_timeout
+
+#: c10d keeps a timeout in whole milliseconds: two timeouts closer than this are the same value.
+RESOLUTION = datetime.timedelta(milliseconds=1)
+
+
+def same_timeout(a: datetime.timedelta, b: datetime.timedelta) -> bool:
+    """Whether ``a`` and ``b`` are one value to c10d (closer than :data:`RESOLUTION`)."""
+    return abs(a - b) < RESOLUTION
+
+
+def set_backend_timeouts(group: ProcessGroup, timeouts: Mapping[str, datetime.timedelta]) -> None:
+    """Give each backend of ``group`` its value from ``{device type: timeout}`` (one value: torch's setter)."""
+    values = set(timeouts.values())
+    if len(values) == 1:
+        set_group_timeout(values.pop(), group)
+        return
+    for device, timeout in timeouts.items():  # halves that differ: each its own
+        backend = group._get_backend(torch.device(device))
+        setter = getattr(backend, "set_timeout", None) or backend._set_default_timeout
+        setter(timeout)
 
 
 def mesh_groups(device_mesh: Any, moe_mesh: Any = None) -> dict[str, ProcessGroup]:

@@ -14,7 +14,7 @@ by its removal steps leaves every message here true.
 
 On a pin whose mesh build takes no timeout (``MeshContext.build`` without ``timeout_minutes``:
 NeMo RL's pin 24b47e856, 0.3.0, 0.4.0) every sub-group gets the timeout right after the build
-(:func:`nemo_rl_shim.mesh_timeouts.set_mesh_timeouts`, read back). Only the default group gets
+(:func:`nemo_rl_shim.process_groups.setting.set_mesh_timeouts`, read back). Only the default group gets
 it where that is impossible: a default group with a backend that has no timeout setter
 (torch's setters reach NCCL and Gloo; MPI, UCC and custom backends keep their own).
 
@@ -32,7 +32,7 @@ from typing import Any
 
 import automodel_patch
 from automodel_patch import Verdict, Workaround
-from nemo_rl_shim.process_group import backend_for
+from nemo_rl_shim.setup.default_group import backend_for
 
 __all__ = ["TIMEOUT_SETTABLE_BACKENDS", "Action", "Decision", "WorkaroundState", "decide"]
 
@@ -217,7 +217,7 @@ def decide(
     """Decide how ``timeout_minutes`` (already validated) reaches the process groups.
 
     ``default_backend`` is the default group's backend string the run will have (default:
-    :func:`~nemo_rl_shim.process_group.backend_for` on this machine: ``"gloo"`` without CUDA).
+    :func:`~nemo_rl_shim.setup.default_group.backend_for` on this machine: ``"gloo"`` without CUDA).
     See the module docstring for which workaround matters where.
     """
     backend = default_backend if default_backend is not None else backend_for(cpu_offload=cpu_offload)

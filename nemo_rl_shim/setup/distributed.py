@@ -22,13 +22,14 @@ import torch.distributed as dist
 import automodel_patch
 from automodel_patch._target import CONFIG_MODULE, MESH_MODULE, MESH_UTILS_MODULE, MOE_CONFIG_MODULES
 from nemo_rl_shim import config as cfg
-from nemo_rl_shim import every_group, flight_recorder
-from nemo_rl_shim.decision import Decision, decide
-from nemo_rl_shim.groups import axis_mesh, backend_timeouts, distinct_groups
-from nemo_rl_shim.integers import positive_int
-from nemo_rl_shim.mesh_timeouts import set_mesh_timeouts
-from nemo_rl_shim.process_group import backend_for, init_process_group
-from nemo_rl_shim.support import require_supported
+from nemo_rl_shim.config.integers import positive_int
+from nemo_rl_shim.flight_recorder import recorder
+from nemo_rl_shim.process_groups import later
+from nemo_rl_shim.process_groups.registry import axis_mesh, backend_timeouts, distinct_groups
+from nemo_rl_shim.process_groups.setting import set_group_timeout, set_mesh_timeouts
+from nemo_rl_shim.setup.decision import Decision, decide
+from nemo_rl_shim.setup.default_group import backend_for, init_process_group
+from nemo_rl_shim.setup.support import require_supported
 
 __all__ = [
     "NEMO_RL_FIELDS",
@@ -223,7 +224,7 @@ def _set_after_build(context: DistributedContext, decision: Decision, minutes: f
     """Give the timeout to every group and backend the mesh build left without it; return their names.
 
     A pin whose build takes no timeout (:attr:`Decision.set_after_build`): every group of the meshes
-    gets it, read back (:func:`~nemo_rl_shim.mesh_timeouts.set_mesh_timeouts`). Otherwise, the gate
+    gets it, read back (:func:`~nemo_rl_shim.process_groups.setting.set_mesh_timeouts`). Otherwise, the gate
     below. Every rank runs the same set-up, so no barrier: nothing is lowered under a peer's wait.
     """
     lacking = _lacking(context, minutes)
@@ -236,7 +237,7 @@ def _set_after_build(context: DistributedContext, decision: Decision, minutes: f
     # nothing to do. Delete it once the torch floor in pyproject.toml is 2.10 or newer.
     groups = _mesh_groups(context)
     for name in lacking:
-        every_group.set_group_timeout(datetime.timedelta(minutes=minutes), groups[name])
+        set_group_timeout(datetime.timedelta(minutes=minutes), groups[name])
     return lacking
 
 
@@ -248,14 +249,14 @@ def setup_distributed(
     ``config`` is the model's section (``policy``, or ``value`` for PPO's value
     model, named by ``role`` in error messages). Every config value, and the layout
     against the launcher's ``WORLD_SIZE``, is checked before any process group exists;
-    so is the torch/nemo-automodel pair (:class:`~nemo_rl_shim.support.UnsupportedVersions`).
-    The returned context carries the :class:`~nemo_rl_shim.decision.Decision` that says
+    so is the torch/nemo-automodel pair (:class:`~nemo_rl_shim.setup.support.UnsupportedVersions`).
+    The returned context carries the :class:`~nemo_rl_shim.setup.decision.Decision` that says
     what happened to the timeout. With ``automodel_cfg.flight_recorder`` on, torch's recorder
     variables are set before the first group (:mod:`nemo_rl_shim.flight_recorder`) and each rank's
     group map is written beside its dump once the meshes exist. Where every group is meant to carry the
     timeout (:attr:`Decision.every_group`), groups made from then on without a timeout of their own get
-    the configured value too, until the world ends (:func:`nemo_rl_shim.every_group.follow`; undone by
-    ``destroy_process_group`` or :func:`~nemo_rl_shim.every_group.restore_torch_defaults`). World size 1
+    the configured value too, until the world ends (:func:`nemo_rl_shim.process_groups.later.follow`; undone by
+    ``destroy_process_group`` or :func:`~nemo_rl_shim.process_groups.later.restore_torch_defaults`). World size 1
     with CPU offload raises ``NotImplementedError``, as in NeMo RL; found only after the rendezvous (no
     ``WORLD_SIZE``), the just-created default group is torn down again first.
     """
@@ -264,15 +265,17 @@ def setup_distributed(
     timeout = cfg.distributed_timeout_minutes(automodel_cfg, where)
     steady = cfg.distributed_timeout_minutes_after_init(automodel_cfg, where)
     patch = cfg.patch_automodel(automodel_cfg, where)
-    recorder = cfg.flight_recorder(automodel_cfg, where)
+    recorder_settings = cfg.flight_recorder(automodel_cfg, where)
     learned = cfg.learned_timeouts(automodel_cfg, where)
     dtensor_cfg = config.get("dtensor_cfg") or {}
     sizes = parallel_sizes(dtensor_cfg, f"{role}.dtensor_cfg")
     expected_world = _launcher_world_size()
     if expected_world is not None:
         check_layout(sizes, expected_world, cpu_offload=runtime_config.cpu_offload, where=f"{role}.dtensor_cfg")
-    if recorder is not None:  # before any group, the probes' included: torch makes its recorder with the first one
-        flight_recorder.configure(recorder)
+    if (
+        recorder_settings is not None
+    ):  # before any group, the probes' included: torch makes its recorder with the first one
+        recorder.configure(recorder_settings)
     require_supported()
 
     backend = backend_for(cpu_offload=runtime_config.cpu_offload)
@@ -312,8 +315,8 @@ def setup_distributed(
     if decision.every_group:
         context = context._replace(timeouts_set_after_build=_set_after_build(context, decision, timeout))
         # From here on a group made without a timeout of its own (a lazily flattened axis, a Gloo group,
-        # a checkpoint group) gets the configured value, and the phases move it (nemo_rl_shim.every_group).
-        every_group.follow(datetime.timedelta(minutes=timeout), _mesh_groups(context))
-    if recorder is not None:
-        flight_recorder.record_groups(context)
+        # a checkpoint group) gets the configured value, and the phases move it (nemo_rl_shim.process_groups.later).
+        later.follow(datetime.timedelta(minutes=timeout), _mesh_groups(context))
+    if recorder_settings is not None:
+        recorder.record_groups(context)
     return context

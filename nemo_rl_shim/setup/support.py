@@ -22,7 +22,7 @@ import torch
 from packaging.version import Version
 
 from automodel_patch._target import MESH_MODULE, MESH_UTILS_MODULE
-from nemo_rl_shim.error_line import first_line
+from nemo_rl_shim.one_line.exception import first_line
 
 __all__ = [
     "TESTED_PAIRS",

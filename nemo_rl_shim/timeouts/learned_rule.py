@@ -1,7 +1,7 @@
 """The rule that learns timeouts from the run's own step and phase times, and its JSON state.
 
 Plain arithmetic on seconds and minutes, with no torch: :class:`Learning` is what every rank
-computes the same way from the same agreed numbers. :class:`nemo_rl_shim.learner.Learner` times
+computes the same way from the same agreed numbers. :class:`nemo_rl_shim.timeouts.learned_run.Learner` times
 the steps, runs the one all-reduce that agrees on them, and sets the groups' timeouts.
 
 The rule (``automodel_cfg.learned_timeouts``: ``factor``, ``min_steps``, ``floor_minutes``; the
@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nemo_rl_shim.config import LearnedTimeoutsSettings
-from nemo_rl_shim.integers import is_positive_int
+from nemo_rl_shim.config.integers import is_positive_int
 
 __all__ = [
     "BLEND",

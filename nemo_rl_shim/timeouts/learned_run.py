@@ -1,7 +1,7 @@
 """The learner: times a run's steps and slow phases, agrees on them across ranks, and sets every group's timeout.
 
 Made by :func:`nemo_rl_shim.timeouts.learned_timeouts` (which hands it ``set_timeouts``, the one
-function through which it changes any timeout); the rule itself is :mod:`nemo_rl_shim.learning`.
+function through which it changes any timeout); the rule itself is :mod:`nemo_rl_shim.timeouts.learned_rule`.
 
 Order, so that no rank cuts short a peer:
 
@@ -36,9 +36,9 @@ import torch
 import torch.distributed as dist
 
 from nemo_rl_shim.config import LearnedTimeoutsSettings
-from nemo_rl_shim.flight_recorder import dump_on_timeout
-from nemo_rl_shim.groups import group_backends
-from nemo_rl_shim.learning import FIRST_STEP, LearnedState, Learning
+from nemo_rl_shim.flight_recorder.recorder import dump_on_timeout
+from nemo_rl_shim.process_groups.registry import group_backends
+from nemo_rl_shim.timeouts.learned_rule import FIRST_STEP, LearnedState, Learning
 
 __all__ = ["Learner", "SetTimeouts"]
 

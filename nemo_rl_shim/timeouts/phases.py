@@ -7,7 +7,7 @@ every group to the steady value (``distributed_timeout_minutes_after_init``);
 :func:`extended_timeout` raises it around a slow phase (checkpoint save and
 consolidation, weight refit) and restores each group's previous value after.
 :func:`learned_timeouts` learns both from the run itself instead (``automodel_cfg.learned_timeouts``;
-:mod:`nemo_rl_shim.learner`).
+:mod:`nemo_rl_shim.timeouts.learned_run`).
 
 "Every group" (:func:`run_groups`) is the run's own groups (the default group,
 each mesh axis, each flattened axis and each MoE axis) and, once
@@ -15,7 +15,7 @@ each mesh axis, each flattened axis and each MoE axis) and, once
 holds except those with a timeout of their own: groups made later (NeMo RL's
 lazily flattened ``("cp", "tp")`` group, Gloo groups, Automodel's checkpoint
 groups) follow too. A group made from then on without a timeout of its own gets
-the value in force (:mod:`nemo_rl_shim.every_group`). On each group every
+the value in force (:mod:`nemo_rl_shim.process_groups.later`). On each group every
 backend changes, the CPU (Gloo) and CUDA (NCCL) halves alike.
 
 Why a barrier comes first: timeouts are per process. If a rank that finished
@@ -35,22 +35,19 @@ from typing import Any
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
-from nemo_rl_shim import every_group
-from nemo_rl_shim.config import minutes_timedelta
-from nemo_rl_shim.every_group import TIMEOUT_API, restore_torch_defaults, set_group_timeout
-from nemo_rl_shim.flight_recorder import dump_on_timeout
-from nemo_rl_shim.groups import backend_timeouts, distinct_groups
-from nemo_rl_shim.learner import Learner
+from nemo_rl_shim.config.settings import minutes_timedelta
+from nemo_rl_shim.flight_recorder.recorder import dump_on_timeout
+from nemo_rl_shim.process_groups import later
+from nemo_rl_shim.process_groups.registry import backend_timeouts, distinct_groups
+from nemo_rl_shim.process_groups.setting import set_backend_timeouts, set_group_timeout
+from nemo_rl_shim.timeouts.learned_run import Learner
 
 __all__ = [
-    "TIMEOUT_API",
     "after_first_step",
     "current_timeouts",
     "extended_timeout",
     "learned_timeouts",
-    "restore_torch_defaults",
     "run_groups",
-    "set_group_timeout",
     "set_timeouts",
 ]
 
@@ -59,8 +56,8 @@ def run_groups(context: Any) -> dict[str, ProcessGroup]:
     """Every group the phases move, by name: the context's own groups (each distinct group of its meshes, by its
     first name: ``"default"``, ``"tp"``, ``"dp_cp"``, ``"moe.ep"``; see ``distinct_groups``), then, while the
     shim follows the configured value, every other group torch holds without a timeout of its own, by
-    :func:`~nemo_rl_shim.every_group.group_key` (``"undefined:7"``, ``"mesh_cp_tp:9"``)."""
-    return every_group.followers(distinct_groups(context.device_mesh, context.moe_mesh))
+    :func:`~nemo_rl_shim.process_groups.registry.group_key` (``"undefined:7"``, ``"mesh_cp_tp:9"``)."""
+    return later.followers(distinct_groups(context.device_mesh, context.moe_mesh))
 
 
 def current_timeouts(context: Any) -> dict[str, dict[str, datetime.timedelta]]:
@@ -92,11 +89,11 @@ def set_timeouts(
     if isinstance(timeout, datetime.timedelta):
         for group in groups.values():
             set_group_timeout(timeout, group)
-        every_group.set_following(timeout)
+        later.set_following(timeout)
         return
     for name, group in groups.items():
         if name in timeout:
-            every_group.set_backend_timeouts(group, timeout[name])
+            set_backend_timeouts(group, timeout[name])
 
 
 def after_first_step(context: Any, minutes: float | None = None) -> bool:
@@ -123,11 +120,11 @@ def _restore(
     groups = run_groups(context)  # still judged against the raised value
     for name, group in groups.items():
         if name in previous:
-            every_group.set_backend_timeouts(group, previous[name])
+            set_backend_timeouts(group, previous[name])
         elif followed is not None:
             set_group_timeout(followed, group)
     if followed is not None:
-        every_group.set_following(followed)
+        later.set_following(followed)
 
 
 @contextmanager
@@ -141,7 +138,7 @@ def extended_timeout(context: Any, minutes: float) -> Iterator[None]:
     wait on peers that may never arrive.
     """
     raised = minutes_timedelta(minutes, "extended_timeout minutes")
-    followed = every_group.following()
+    followed = later.following()
     previous = current_timeouts(context)
     set_timeouts(context, raised, barrier=False)
     try:
@@ -154,7 +151,8 @@ def extended_timeout(context: Any, minutes: float) -> Iterator[None]:
 
 
 def learned_timeouts(context: Any) -> Learner:
-    """A :class:`~nemo_rl_shim.learner.Learner` for the run of ``context``, following its ``learned_timeouts`` settings.
+    """A :class:`~nemo_rl_shim.timeouts.learned_run.Learner` for the run of ``context``, following its
+    ``learned_timeouts`` settings.
 
     Off (``automodel_cfg.learned_timeouts`` unset or null, or a context without the field), the learner
     times nothing and sets nothing, so a worker can call it the same way either way. It changes

@@ -111,7 +111,7 @@ def rehearsal(tmp_path_factory) -> dict[str, Any]:
     facts["locked"] = (copy.root / "uv.lock").read_text()
     facts["relock_s"] = time.monotonic() - start
     python = copy.python
-    tests = ["tests/test_tripwire.py", "tests/test_gpu.py"]
+    tests = ["tests/automodel_patch/test_tripwire.py", "tests/test_gpu.py"]
     # The three checks of the relocked copy are independent: started together, they share their imports' wait.
     facts.update(
         run_at_once(
@@ -146,7 +146,7 @@ def test_status_says_the_cpu_half_is_kept_natively(rehearsal) -> None:
 def test_keep_cpu_backend_tripwire_fails_with_its_removal_steps(rehearsal) -> None:
     done = rehearsal["tests"]
     assert done.returncode == 1, done.stdout[-3000:]
-    assert "FAILED tests/test_tripwire.py::test_keep_cpu_backend_is_still_needed" in done.stdout
+    assert "FAILED tests/automodel_patch/test_tripwire.py::test_keep_cpu_backend_is_still_needed" in done.stdout
     assert "1 failed, 1 passed, 3 skipped" in done.stdout, done.stdout[-1000:]
     assert "now satisfies the removal condition of the keep-cpu-backend workaround" in done.stdout
     assert 'grep -rn "AUTOMODEL-WORKAROUND(keep-cpu-backend)" .' in done.stdout

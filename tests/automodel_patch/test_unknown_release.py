@@ -39,7 +39,9 @@ def under_unknown(release_environment) -> dict[str, Any]:
 
     return {
         "status": run("-m", "nemo_rl_shim", "status", "--json"),
-        "tripwire": run("-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "tests/test_tripwire.py"),
+        "tripwire": run(
+            "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "tests/automodel_patch/test_tripwire.py"
+        ),
     }
 
 

@@ -8,8 +8,6 @@ knob. No process group is created here.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from nemo_rl_shim import (
@@ -19,9 +17,10 @@ from nemo_rl_shim import (
     patch_automodel,
 )
 from nemo_rl_shim.cli.nemo_rl import load_recipe
-from nemo_rl_shim.distributed_setup import ParallelSizes, parallel_sizes
+from nemo_rl_shim.setup.distributed import ParallelSizes, parallel_sizes
+from tests.harness.paths import REPO_ROOT
 
-EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES_DIR = REPO_ROOT / "examples"
 EXPECTED = ("dpo", "grpo", "ppo", "sft")
 TIMEOUT_KEYS = ("distributed_timeout_minutes", "distributed_timeout_minutes_after_init")
 

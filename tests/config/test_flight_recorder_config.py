@@ -1,6 +1,6 @@
 """``automodel_cfg.flight_recorder``: accepted and rejected values, and torch's variables it sets.
 
-As in tests/test_config.py, each rejected value goes through the validator and through
+As in tests/config/test_config.py, each rejected value goes through the validator and through
 ``setup_distributed`` itself, which must fail before any process group exists (so in this
 process, without ranks). :func:`nemo_rl_shim.flight_recorder.configure` is checked on a plain
 dict standing in for the environment: which of torch's names it sets, and that it leaves a pair
@@ -56,7 +56,7 @@ def no_process_group():
 @pytest.fixture(autouse=True)
 def recorder_state_restored():
     """configure() switches the recorder on for this process; later tests in this worker must find it off."""
-    from nemo_rl_shim import flight_recorder as module
+    from nemo_rl_shim.flight_recorder import recorder as module
 
     saved = module._State.settings
     yield

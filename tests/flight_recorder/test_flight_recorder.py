@@ -229,8 +229,11 @@ def test_command_prints_the_line_first_and_exits_1(sub_groups, capfd) -> None:
     assert out[0].startswith("ranks 0-1 disagree on broadcast"), out[:3]
     assert "  tp: 2 groups of 2, disagreeing" in out, out
     assert any(line.startswith("    tp, ranks 2-3 (process group") for line in out), out
-    # the analyzer line says what it did on these very dumps: ran, or why not; never "skipped" at this size
-    facts = hang_report.build_report(sub_groups["dir"]).torch
+    assert out[-1] == "torch's analyzer: not run (--torch-analyzer runs it)", out[-1]
+    # asked for, the analyzer line says what it did on these very dumps: ran, or why not
+    assert main(["hang-report", "--torch-analyzer", str(sub_groups["dir"])]) == 1
+    out = capfd.readouterr().out.splitlines()
+    facts = hang_report.build_report(sub_groups["dir"], with_torch=True).torch
     assert facts["outcome"] in ("ran", "failed", "absent"), facts
     expected = (
         f"torch {facts['torch']} analyzer: ran, matched {facts['collectives']} collectives, flagged "

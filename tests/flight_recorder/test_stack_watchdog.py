@@ -18,10 +18,12 @@ from types import SimpleNamespace
 import pytest
 import torch.distributed as dist
 
-from nemo_rl_shim import flight_recorder, stack_watchdog
 from nemo_rl_shim.cli.hang_report.stacks import read_stack
 from nemo_rl_shim.config import FlightRecorderSettings
-from nemo_rl_shim.stack_watchdog import HEADER, arm, armed_blocks, disarm, forget, stack_path
+from nemo_rl_shim.flight_recorder import recorder as flight_recorder
+from nemo_rl_shim.flight_recorder import stack_watchdog
+from nemo_rl_shim.flight_recorder.names import HEADER
+from nemo_rl_shim.flight_recorder.stack_watchdog import arm, armed_blocks, disarm, forget, stack_path
 
 SHORT_S = 0.2
 

@@ -9,7 +9,8 @@ underneath (Gloo's own recorder sees its inner group as unnamed, ``''``). What d
 it has no completion or abort hooks (every entry stays ``scheduled``; nothing dumps on an abort), which
 :func:`rank` reports as facts rather than assumes.
 
-:func:`rank` is a rank of ``tests/test_hang_report_nccl2.py``: the shim's :func:`~nemo_rl_shim.flight_recorder.
+:func:`rank` is a rank of ``tests/cli/hang_report/test_hang_report_nccl2.py``: the shim's
+:func:`~nemo_rl_shim.flight_recorder.
 configure` first, then a Gloo default group and a :data:`NAME` sub-group over both ranks; three all-reduces on
 it, and a fourth that rank 1 never enters. Both ranks then :func:`~nemo_rl_shim.flight_recorder.dump_now`.
 """
@@ -84,8 +85,8 @@ def rank(params: dict[str, Any]) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
-    from nemo_rl_shim import flight_recorder
     from nemo_rl_shim.config import FlightRecorderSettings
+    from nemo_rl_shim.flight_recorder import recorder as flight_recorder
 
     applied = flight_recorder.configure(
         FlightRecorderSettings(dump_dir=Path(params["dump_dir"]), buffer_size=params["buffer_size"])

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from nemo_rl_shim.error_line import first_line
-from nemo_rl_shim.rank_ranges import format_ranks, rank_runs
+from nemo_rl_shim.one_line.exception import first_line
+from nemo_rl_shim.one_line.rank_ranges import format_ranks, rank_runs
 
 
 @pytest.mark.parametrize(

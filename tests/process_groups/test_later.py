@@ -3,31 +3,31 @@
 Two parts:
 
 * one module-scoped world of 4 real Gloo ranks through the real ``setup_distributed`` (one spawn;
-  :func:`tests.ranks.every_group.phases`): the groups a NeMo RL worker makes after set-up are audited
+  :func:`tests.ranks.later.phases`): the groups a NeMo RL worker makes after set-up are audited
   at start-up (12 s), after the first step (3 s), inside ``extended_timeout`` (18 s) and after it;
   then a new world after ``destroy_process_group``, and a run without a timeout;
-* one Gloo rank in this process (``init_process_group`` on a ``HashStore``), for the rules one by one,
-  and torch's ``fake`` backend for the audit.
+* one Gloo rank in this process (``init_process_group`` on a ``HashStore``), for the rules one by one.
+
+The audit itself (:mod:`nemo_rl_shim.audit`) is tested in tests/audit/test_audit.py.
 """
 
 from __future__ import annotations
 
 import datetime
-import logging
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
-from nemo_rl_shim import every_group
-from nemo_rl_shim.audit import BackendTimeout, GroupAudit, GroupsAudit, TimeoutSource, audit_groups, log_groups
+from nemo_rl_shim.audit import GroupsAudit, TimeoutSource
 from nemo_rl_shim.cli.preflight.spawn import spawn_ranks
-from nemo_rl_shim.distributed_setup import DistributedContext
-from nemo_rl_shim.groups import backend_timeouts
+from nemo_rl_shim.process_groups import later, registry, setting
+from nemo_rl_shim.process_groups.registry import backend_timeouts
+from nemo_rl_shim.setup.distributed import DistributedContext
 from nemo_rl_shim.timeouts import after_first_step, current_timeouts, extended_timeout, run_groups
+from tests.harness.one_rank import by_name, one_rank_world, readings
 
 pytestmark = [pytest.mark.every_lane, pytest.mark.nemo_rl_python]
 
@@ -50,21 +50,13 @@ S = datetime.timedelta
 def ranks() -> list[dict[str, Any]]:
     params = {"startup": STARTUP_MIN, "steady": STEADY_MIN, "raised": RAISED_MIN, "own_s": OWN_S}
     results = spawn_ranks(
-        "tests.ranks.every_group:phases", params, world_size=WORLD_SIZE, timeout_s=SPAWN_TIMEOUT_S, env=CPU_ONLY
+        "tests.ranks.later:phases", params, world_size=WORLD_SIZE, timeout_s=SPAWN_TIMEOUT_S, env=CPU_ONLY
     )
     return [r.result for r in results]
 
 
 def _audit(rank: dict[str, Any], phase: str) -> GroupsAudit:
     return GroupsAudit.from_json(rank[phase])
-
-
-def _by_name(audit: GroupsAudit) -> dict[str, GroupAudit]:
-    return {group.group_name: group for group in audit.groups}
-
-
-def _readings(group: GroupAudit) -> dict[str, tuple[float | None, TimeoutSource]]:
-    return {b.device: (b.timeout_s, b.source) for b in group.backends}
 
 
 def _off(audit: GroupsAudit, own_names: dict[str, float], seconds: float) -> dict[str, Any]:
@@ -75,8 +67,8 @@ def _off(audit: GroupsAudit, own_names: dict[str, float], seconds: float) -> dic
             wanted = {b.device: (own_names[group.group_name], TimeoutSource.OWN) for b in group.backends}
         else:
             wanted = {b.device: (seconds, TimeoutSource.CONFIGURED) for b in group.backends}
-        if not group.backends or _readings(group) != wanted:
-            off[group.label] = _readings(group)
+        if not group.backends or readings(group) != wanted:
+            off[group.label] = readings(group)
     return off
 
 
@@ -88,7 +80,7 @@ def _own(rank: dict[str, Any]) -> dict[str, float]:
 def test_later_groups_are_in_torchs_registry_and_work(ranks) -> None:
     for rank in ranks:
         names = rank["names"]
-        startup = _by_name(_audit(rank, "startup"))
+        startup = by_name(_audit(rank, "startup"))
         made_before_the_first_step = {n for n in names if n not in ("after_first_step", "inside_extended")}
         made_before_the_first_step.discard("inside_failed_phase")
         assert {names[n] for n in made_before_the_first_step} <= set(startup), (names, sorted(startup))
@@ -112,7 +104,7 @@ def test_every_group_reads_the_steady_value_after_the_first_step(ranks) -> None:
     for rank in ranks:
         audit = _audit(rank, "steady")
         assert audit.configured_s == STEADY_S
-        assert rank["names"]["after_first_step"] in _by_name(audit)
+        assert rank["names"]["after_first_step"] in by_name(audit)
         assert _off(audit, _own(rank), STEADY_S) == {}
 
 
@@ -120,7 +112,7 @@ def test_every_group_reads_the_steady_value_after_the_first_step(ranks) -> None:
 def test_every_group_reads_the_phases_value_inside_extended_timeout(ranks) -> None:
     for rank in ranks:
         audit = _audit(rank, "extended")
-        assert rank["names"]["inside_extended"] in _by_name(audit)
+        assert rank["names"]["inside_extended"] in by_name(audit)
         assert _off(audit, _own(rank), RAISED_S) == {}
 
 
@@ -131,7 +123,7 @@ def test_every_group_reads_the_steady_value_after_the_phase(ranks, phase: str) -
     for rank in ranks:
         audit = _audit(rank, phase)
         made_inside = "inside_extended" if phase == "after_extended" else "inside_failed_phase"
-        assert rank["names"][made_inside] in _by_name(audit)
+        assert rank["names"][made_inside] in by_name(audit)
         assert _off(audit, _own(rank), STEADY_S) == {}
 
 
@@ -143,7 +135,7 @@ def test_destroy_process_group_gives_the_next_world_torchs_defaults(ranks) -> No
         audit = _audit(rank, "torch_world")
         assert audit.configured_s is None
         assert len(audit.groups) == 3
-        assert {_readings(g)["cpu"] for g in audit.groups} == {(GLOO_DEFAULT_S, TimeoutSource.TORCH_DEFAULT)}
+        assert {readings(g)["cpu"] for g in audit.groups} == {(GLOO_DEFAULT_S, TimeoutSource.TORCH_DEFAULT)}
 
 
 @pytest.mark.multiprocess
@@ -162,13 +154,9 @@ def test_without_a_configured_timeout_nothing_changes(ranks) -> None:
 
 @pytest.fixture
 def world() -> Iterator[DistributedContext]:
-    """A one-rank Gloo world at the 12 s start-up value, following it; torn down (and torch's function back) after."""
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=S(seconds=STARTUP_S))
-    try:
-        yield DistributedContext(None, None, None, None, 1, 1, 1, timeout_minutes_after_init=STEADY_MIN)
-    finally:
-        dist.destroy_process_group()
-        every_group.restore_torch_defaults()
+    """A one-rank Gloo world at the 12 s start-up value; torn down (and torch's function back) after."""
+    with one_rank_world(S(seconds=STARTUP_S), STEADY_MIN) as context:
+        yield context
 
 
 def _seconds(group: Any) -> set[float]:
@@ -178,7 +166,7 @@ def _seconds(group: Any) -> set[float]:
 def test_a_group_made_later_gets_the_followed_value(world) -> None:
     before = dist.new_group(backend="gloo")  # made before following: torch's default, then moved by follow()
     assert _seconds(before) == {GLOO_DEFAULT_S}
-    assert every_group.follow(S(seconds=STARTUP_S), {"default": dist.group.WORLD})
+    assert later.follow(S(seconds=STARTUP_S), {"default": dist.group.WORLD})
     assert _seconds(before) == {STARTUP_S}
     assert _seconds(dist.new_group()) == {STARTUP_S}
     assert _seconds(dist.new_group(backend="gloo")) == {STARTUP_S}
@@ -187,18 +175,18 @@ def test_a_group_made_later_gets_the_followed_value(world) -> None:
 @pytest.mark.parametrize("milliseconds", [4001, 4002, 4054, 4055, 4_123, 2_700_001])
 def test_a_group_made_later_reads_the_followed_value_to_the_millisecond(world, milliseconds: int) -> None:
     """A learned value such as 4.055 s: torch 2.15 truncates a new group's timeout through a float (4.054 s
-    without :data:`~nemo_rl_shim.every_group.CREATION_SLACK`), and the group would no longer follow."""
+    without :data:`~nemo_rl_shim.process_groups.later.CREATION_SLACK`), and the group would no longer follow."""
     followed = S(milliseconds=milliseconds)
-    every_group.follow(followed, {"default": dist.group.WORLD})
-    later = dist.new_group()
-    assert set(backend_timeouts(later).values()) == {followed}
-    assert set(every_group.group_sources(later).values()) == {every_group.TimeoutSource.CONFIGURED}
+    later.follow(followed, {"default": dist.group.WORLD})
+    made = dist.new_group()
+    assert set(backend_timeouts(made).values()) == {followed}
+    assert set(later.group_sources(made).values()) == {later.TimeoutSource.CONFIGURED}
     assert after_first_step(world) is True  # it follows the steady value like every other group
-    assert _seconds(later) == {STEADY_S}
+    assert _seconds(made) == {STEADY_S}
 
 
 def test_own_timeouts_are_kept_through_every_phase(world) -> None:
-    every_group.follow(S(seconds=STARTUP_S), {"default": dist.group.WORLD})
+    later.follow(S(seconds=STARTUP_S), {"default": dist.group.WORLD})
     own = dist.new_group(timeout=S(seconds=OWN_S))
     own_at_steady = dist.new_group(timeout=S(seconds=STEADY_S))
     follower = dist.new_group()
@@ -210,44 +198,44 @@ def test_own_timeouts_are_kept_through_every_phase(world) -> None:
 
 
 def test_a_group_given_its_own_value_later_keeps_it(world) -> None:
-    every_group.follow(S(seconds=STARTUP_S), {"default": dist.group.WORLD})
+    later.follow(S(seconds=STARTUP_S), {"default": dist.group.WORLD})
     group = dist.new_group()
-    every_group.set_group_timeout(S(seconds=OWN_S), group)
+    setting.set_group_timeout(S(seconds=OWN_S), group)
     after_first_step(world)
     assert _seconds(group) == {OWN_S}
-    assert every_group.group_key(group) not in run_groups(world)
+    assert registry.group_key(group) not in run_groups(world)
 
 
 def test_run_groups_and_current_timeouts_cover_every_follower(world) -> None:
-    every_group.follow(S(seconds=STARTUP_S), {"default": dist.group.WORLD})
+    later.follow(S(seconds=STARTUP_S), {"default": dist.group.WORLD})
     follower, own = dist.new_group(), dist.new_group(timeout=S(seconds=OWN_S))
-    assert list(run_groups(world)) == ["default", every_group.group_key(follower)]
-    assert every_group.group_key(own) not in current_timeouts(world)
-    assert current_timeouts(world)[every_group.group_key(follower)] == {
+    assert list(run_groups(world)) == ["default", registry.group_key(follower)]
+    assert registry.group_key(own) not in current_timeouts(world)
+    assert current_timeouts(world)[registry.group_key(follower)] == {
         "cpu": S(seconds=STARTUP_S),
         "cuda": S(seconds=STARTUP_S),
     }
 
 
 def test_a_group_made_in_a_failed_phase_leaves_it_at_the_value_outside(world) -> None:
-    every_group.follow(S(seconds=STARTUP_S), {"default": dist.group.WORLD})
+    later.follow(S(seconds=STARTUP_S), {"default": dist.group.WORLD})
     made: list[Any] = []
     with pytest.raises(RuntimeError, match="body"), extended_timeout(world, RAISED_MIN):
         made.append(dist.new_group())
         assert _seconds(made[0]) == {RAISED_S}
         raise RuntimeError("body")
     assert _seconds(made[0]) == {STARTUP_S}
-    assert every_group.following() == S(seconds=STARTUP_S)
+    assert later.following() == S(seconds=STARTUP_S)
 
 
 def test_restore_torch_defaults_undoes_following(world) -> None:
     torchs = c10d._get_default_timeout
-    every_group.follow(S(seconds=STARTUP_S))
-    assert c10d._get_default_timeout is not torchs and every_group.stand_in_installed()
-    every_group.restore_torch_defaults()
-    every_group.restore_torch_defaults()  # twice is harmless
-    assert c10d._get_default_timeout is torchs and not every_group.stand_in_installed()
-    assert every_group.following() is None
+    later.follow(S(seconds=STARTUP_S))
+    assert c10d._get_default_timeout is not torchs and later.stand_in_installed()
+    later.restore_torch_defaults()
+    later.restore_torch_defaults()  # twice is harmless
+    assert c10d._get_default_timeout is torchs and not later.stand_in_installed()
+    assert later.following() is None
     assert _seconds(dist.new_group()) == {GLOO_DEFAULT_S}
 
 
@@ -255,26 +243,26 @@ def test_destroy_process_group_ends_following() -> None:
     torchs = c10d._get_default_timeout
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        every_group.follow(S(seconds=STARTUP_S))
+        later.follow(S(seconds=STARTUP_S))
         dist.destroy_process_group()
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
         assert c10d._get_default_timeout is torchs  # torch's own again, put back by its first call
-        assert every_group.following() is None
+        assert later.following() is None
         assert _seconds(dist.group.WORLD) == _seconds(dist.new_group()) == {GLOO_DEFAULT_S}
     finally:
         dist.destroy_process_group()
-        every_group.restore_torch_defaults()
+        later.restore_torch_defaults()
 
 
 def test_a_detection_probe_pauses_following_and_does_not_end_it(world) -> None:
     """automodel_patch's probes make a one-rank group the default group for one call, and put the run's back."""
     from automodel_patch._simulated_group import simulated_default_group
 
-    every_group.follow(S(seconds=STARTUP_S))
+    later.follow(S(seconds=STARTUP_S))
     with simulated_default_group("gloo"):
-        assert every_group.following() is None
+        assert later.following() is None
         assert c10d._get_default_timeout("gloo") == S(seconds=GLOO_DEFAULT_S)
-    assert every_group.following() == S(seconds=STARTUP_S)
+    assert later.following() == S(seconds=STARTUP_S)
     assert _seconds(dist.new_group()) == {STARTUP_S}
 
 
@@ -289,115 +277,5 @@ def test_without_following_the_phases_move_only_the_run_groups(world) -> None:
 
 def test_follow_without_a_default_group_warns_and_does_nothing() -> None:
     with pytest.warns(RuntimeWarning, match="no default process group exists"):
-        assert every_group.follow(S(seconds=STARTUP_S)) is False
-    assert every_group.following() is None
-
-
-# --- the audit ------------------------------------------------------------------------------------------------
-
-
-def test_the_audit_says_where_each_timeout_came_from(world) -> None:
-    every_group.follow(S(seconds=STARTUP_S), {"default": dist.group.WORLD})
-    untouched = dist.new_group()
-    every_group.set_group_timeout(S(seconds=GLOO_DEFAULT_S), untouched)  # back at torch's default
-    own = dist.new_group(timeout=S(seconds=OWN_S))
-    audit = audit_groups(world)
-    groups = _by_name(audit)
-    assert (audit.rank, audit.world_size, audit.configured_s) == (0, 1, STARTUP_S)
-    assert groups["0"].axes == ("default",) and groups["0"].group_desc == "default_pg"
-    assert groups["0"].backend == "gloo" and groups["0"].ranks == (0,)
-    assert _readings(groups["0"]) == {d: (STARTUP_S, TimeoutSource.CONFIGURED) for d in ("cpu", "cuda")}
-    assert _readings(groups[untouched.group_name]) == {
-        d: (GLOO_DEFAULT_S, TimeoutSource.TORCH_DEFAULT) for d in ("cpu", "cuda")
-    }
-    assert _readings(groups[own.group_name]) == {d: (OWN_S, TimeoutSource.OWN) for d in ("cpu", "cuda")}
-    assert [g.group_name for g in audit.at_torch_default] == [untouched.group_name]
-    assert GroupsAudit.from_json(audit.to_json()) == audit
-
-
-def test_the_audit_against_a_configured_value_given_by_the_caller(world) -> None:
-    """No following (NeMo RL's own set-up): the caller names the configured value."""
-    audit = audit_groups(configured=S(seconds=STARTUP_S))
-    assert _readings(audit.groups[0]) == {d: (STARTUP_S, TimeoutSource.CONFIGURED) for d in ("cpu", "cuda")}
-    assert audit_groups().groups[0].sources == {TimeoutSource.OWN}  # nothing configured: 12 s is its own
-
-
-def test_the_log_line_names_every_group_off_the_configured_value(world, caplog) -> None:
-    every_group.follow(S(seconds=STARTUP_S), {"default": dist.group.WORLD})
-    own = dist.new_group(timeout=S(seconds=OWN_S))
-    with caplog.at_level(logging.INFO, logger="nemo_rl_shim.audit"):
-        audit = log_groups(world)
-    (line,) = [r.getMessage() for r in caplog.records if r.name == "nemo_rl_shim.audit"]
-    assert line == audit.line()
-    assert line == f"process groups on rank 0 of 1: 2; configured 12 s on 1; own: undefined:{own.group_name} [0] 7 s"
-
-
-def test_the_audit_reads_fake_groups_as_unreadable() -> None:
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    dist.init_process_group("fake", store=FakeStore(), rank=3, world_size=8)
-    try:
-        dist.new_group([2, 3])
-        audit = audit_groups()
-    finally:
-        dist.destroy_process_group()
-    assert (audit.rank, audit.world_size, len(audit.groups)) == (3, 8, 2)
-    assert audit.groups[1].ranks == (2, 3)
-    assert {(b.backend, b.timeout_s, b.source) for g in audit.groups for b in g.backends} == {
-        ("fake", None, TimeoutSource.UNREADABLE)
-    }
-    assert "unreadable: default_pg:0 [0-7] ?" in audit.line()
-
-
-def test_an_audit_with_no_world_is_empty() -> None:
-    assert audit_groups() == GroupsAudit(rank=None, world_size=None, configured_s=None, groups=())
-
-
-_GOOD = GroupsAudit(
-    rank=1,
-    world_size=2,
-    configured_s=12.0,
-    groups=(
-        GroupAudit("0", "default_pg", (0, 1), "gloo", (BackendTimeout("cpu", "gloo", 12.0, TimeoutSource.CONFIGURED),)),
-    ),
-)
-
-
-@pytest.mark.parametrize(
-    ("change", "message"),
-    [
-        (lambda d: d.pop("groups"), r"audit\.groups is missing"),
-        (lambda d: d.update(rank="1"), r"audit\.rank must be an integer or null, got '1'"),
-        (lambda d: d["groups"][0].update(ranks=[0, True]), r"audit\.groups\[0\]\.ranks must be a list of integers"),
-        (
-            lambda d: d["groups"][0]["backends"][0].update(source="guessed"),
-            r"audit\.groups\[0\]\.backends\[0\]\.source must be one of configured, own, torch_default, unreadable",
-        ),
-        (lambda d: d["groups"][0]["backends"][0].pop("timeout_s"), r"backends\[0\]\.timeout_s is missing"),
-    ],
-)
-def test_from_json_refuses_what_to_json_does_not_write(change, message) -> None:
-    import json
-
-    data = json.loads(_GOOD.to_json())
-    assert GroupsAudit.from_json(json.dumps(data)) == _GOOD
-    change(data)
-    with pytest.raises(ValueError, match=message):
-        GroupsAudit.from_json(json.dumps(data))
-
-
-def test_from_json_refuses_text_that_is_not_json() -> None:
-    with pytest.raises(ValueError, match="a groups audit must be JSON"):
-        GroupsAudit.from_json("{rank")
-
-
-def test_the_cuda_half_is_read_where_a_group_has_two() -> None:
-    """A two-half group ("cuda:nccl,cpu:gloo"; the CUDA half a Gloo object, NCCL being what this machine lacks)."""
-    from automodel_patch._simulated_group import simulated_default_group
-
-    with simulated_default_group("cuda:nccl,cpu:gloo") as group:
-        group._get_backend(torch.device("cuda"))._set_default_timeout(S(seconds=OWN_S))
-        audit = audit_groups(configured=S(minutes=1))
-    (probe,) = audit.groups
-    assert probe.backend == "cuda:nccl,cpu:gloo"
-    assert _readings(probe) == {"cpu": (60.0, TimeoutSource.CONFIGURED), "cuda": (OWN_S, TimeoutSource.OWN)}
+        assert later.follow(S(seconds=STARTUP_S)) is False
+    assert later.following() is None

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import torch.distributed as dist
 
-from nemo_rl_shim import mesh_timeouts
 from nemo_rl_shim.cli.preflight.spawn import spawn_ranks
+from nemo_rl_shim.process_groups import setting
 
 SPAWN_TIMEOUT_S = 240
 MINUTES = 0.5
@@ -124,17 +124,17 @@ def test_a_backend_that_does_not_take_the_timeout_is_named(monkeypatch: pytest.M
         mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("dp_shard", "tp"), backend_override={"tp": "gloo"})
         tp = mesh.get_group("tp")
         assert tp is not dist.group.WORLD
-        read = mesh_timeouts.set_mesh_timeouts(mesh, None, 1 / 7)  # 8571.43 ms: c10d keeps 8571 ms
+        read = setting.set_mesh_timeouts(mesh, None, 1 / 7)  # 8571.43 ms: c10d keeps 8571 ms
         # torch 2.10 and later reuse the default group for the world-sized dp_shard; torch 2.9 makes its own
         dp_shard = "default" if mesh.get_group("dp_shard") is dist.group.WORLD else "dp_shard"
         assert set(read) == {dp_shard, "tp"}
         seventh = pytest.approx(1 / 7, abs=1e-4)
         assert all(minutes == {"cpu": seventh, "cuda": seventh} for minutes in read.values()), read
-        genuine = mesh_timeouts.set_group_timeout
-        monkeypatch.setattr(mesh_timeouts, "set_group_timeout", lambda t, g: None if g is tp else genuine(t, g))
+        genuine = setting.set_group_timeout
+        monkeypatch.setattr(setting, "set_group_timeout", lambda t, g: None if g is tp else genuine(t, g))
         refused = r"group 'tp': its cpu backend \(gloo\) reads 0.14285 min after setting 2 min"
         with pytest.raises(RuntimeError, match=refused):
-            mesh_timeouts.set_mesh_timeouts(mesh, None, 2)
+            setting.set_mesh_timeouts(mesh, None, 2)
     finally:
         dist.destroy_process_group()
 
@@ -159,7 +159,7 @@ def test_a_half_of_a_composite_group_that_does_not_take_the_timeout_is_named() -
 
 
 def test_flattened_axes_finds_what_torch_flattened() -> None:
-    """``groups.flattened_axes`` reads the flattened meshes where this torch records them: the root mesh's
+    """``registry.flattened_axes`` reads the flattened meshes where this torch records them: the root mesh's
     ``_flatten_mapping`` (torch 2.10 and later), or torch 2.9's ``_mesh_resources.root_to_flatten_mapping``.
 
     Only the torch-2.9 lane tests the second (nemo-automodel 0.5.0 and later record their own
@@ -168,7 +168,7 @@ def test_flattened_axes_finds_what_torch_flattened() -> None:
     """
     from torch.distributed.device_mesh import init_device_mesh
 
-    from nemo_rl_shim.groups import axis_mesh, flattened_axes
+    from nemo_rl_shim.process_groups.registry import axis_mesh, flattened_axes
     from tests.ranks.fresh_group import forget_meshes
 
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
@@ -187,7 +187,7 @@ def test_flattened_axes_finds_what_torch_flattened() -> None:
 @pytest.mark.parametrize("minutes", [0, -1, float("nan"), "5", None])
 def test_bad_minutes_are_refused_before_any_group_is_touched(minutes: Any) -> None:
     with pytest.raises(ValueError, match=r"set_mesh_timeouts minutes must be a positive"):
-        mesh_timeouts.set_mesh_timeouts(None, None, minutes)
+        setting.set_mesh_timeouts(None, None, minutes)
 
 
 @pytest.mark.multiprocess

@@ -1,4 +1,4 @@
-"""Rank functions for tests/test_flight_recorder.py: real stalls with the Flight Recorder on, on real Gloo ranks.
+"""Rank functions for tests/flight_recorder/test_flight_recorder.py: real stalls with the recorder on, Gloo ranks.
 
 Each function runs on every rank started by :func:`nemo_rl_shim.cli.preflight.spawn.spawn_ranks`, goes
 through the real ``setup_distributed`` with ``automodel_cfg.flight_recorder`` on, makes one fault
@@ -18,15 +18,15 @@ import torch
 import torch.distributed as dist
 
 from nemo_rl_shim import flight_recorder
-from nemo_rl_shim.distributed_setup import RuntimeConfig, setup_distributed
-from nemo_rl_shim.groups import named_groups
+from nemo_rl_shim.process_groups.registry import named_groups
+from nemo_rl_shim.setup.distributed import RuntimeConfig, setup_distributed
 from nemo_rl_shim.timeouts import after_first_step
 
 __all__ = ["SCENARIOS", "run_scenario"]
 
 _STORE_WAIT_S = 60
 _DUMP_WAIT_S = 20
-#: How long rank 0 of ``answered`` waits for every watcher (tests/test_flight_recorder.py's bound).
+#: How long rank 0 of ``answered`` waits for every watcher (tests/flight_recorder/test_flight_recorder.py's bound).
 ANSWER_WAIT_S = 20.0
 
 

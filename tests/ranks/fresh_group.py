@@ -57,7 +57,7 @@ def device_mesh_facts() -> dict[str, Any]:
     import torch
     from torch.distributed.device_mesh import init_device_mesh
 
-    from nemo_rl_shim.groups import backend_timeouts
+    from nemo_rl_shim.process_groups.registry import backend_timeouts
 
     seven = datetime.timedelta(seconds=7)
     options = torch._C._distributed_c10d.Backend.Options("gloo", seven)

@@ -38,7 +38,7 @@ def _all_reduce_sum(group: Any, device: str) -> float | str:
 
 
 def _group_facts(device_mesh: Any, moe_mesh: Any, devices: tuple[str, ...]) -> dict[str, Any]:
-    from nemo_rl_shim.groups import backend_timeouts, group_backends, named_groups
+    from nemo_rl_shim.process_groups.registry import backend_timeouts, group_backends, named_groups
 
     facts = {}
     for name, group in named_groups(device_mesh, moe_mesh).items():
@@ -55,7 +55,7 @@ def _offloaded_full_tensor(device_mesh: Any) -> dict[str, Any]:
     """An FSDP2 parameter with CPUOffloadPolicy, sharded on mesh dp, rebuilt with full_tensor()."""
     from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 
-    from nemo_rl_shim.groups import axis_mesh
+    from nemo_rl_shim.process_groups.registry import axis_mesh
 
     dp = axis_mesh(device_mesh, "dp")
     torch.manual_seed(0)

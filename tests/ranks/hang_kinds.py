@@ -1,4 +1,4 @@
-"""Rank functions for tests/test_hang_kinds.py: five kinds of hang on 4 real Gloo ranks, with the recorder on.
+"""Rank functions for tests/cli/hang_report/test_hang_kinds.py: five kinds of hang on 4 real Gloo ranks, recorder on.
 
 Every rank goes through the real ``setup_distributed`` with ``automodel_cfg.flight_recorder`` on (start-up
 timeout 0.2 min; 0.05 min, 3 s, once ``after_first_step`` has run after the first step), then runs
@@ -29,8 +29,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from nemo_rl_shim import flight_recorder
-from nemo_rl_shim.distributed_setup import RuntimeConfig, setup_distributed
+from nemo_rl_shim.flight_recorder import recorder as flight_recorder
+from nemo_rl_shim.setup.distributed import RuntimeConfig, setup_distributed
 from nemo_rl_shim.timeouts import after_first_step
 
 __all__ = ["HANG_STEP", "KINDS", "STEPS", "STUCK", "STUCK_S", "call_line", "run_kind", "stall_line"]

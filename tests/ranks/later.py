@@ -1,4 +1,4 @@
-"""Rank functions for tests/test_every_group.py: every group torch holds, through the phases, on real Gloo ranks.
+"""Rank functions for tests/process_groups/test_later.py: every group torch holds, through the phases, on Gloo ranks.
 
 :func:`phases` runs the real ``setup_distributed`` with the installed Automodel, makes the groups a
 NeMo RL worker makes after set-up (the lazily flattened ``("cp", "tp")`` replica group, plain and
@@ -18,9 +18,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
-from nemo_rl_shim import every_group
 from nemo_rl_shim.audit import audit_groups
-from nemo_rl_shim.distributed_setup import RuntimeConfig, setup_distributed
+from nemo_rl_shim.process_groups import later
+from nemo_rl_shim.setup.distributed import RuntimeConfig, setup_distributed
 from nemo_rl_shim.timeouts import after_first_step, extended_timeout
 from tests.ranks.fresh_group import forget_meshes, move_to_fresh_port
 
@@ -125,8 +125,8 @@ def _torch_defaults_after_teardown() -> dict[str, Any]:
     forget_meshes()
     dist.init_process_group("gloo")  # torch asks for its default: the stand-in finds its world gone
     out: dict[str, Any] = {
-        "hook_is_torchs": not every_group.stand_in_installed(),
-        "following_after_destroy": every_group.following() is not None,
+        "hook_is_torchs": not later.stand_in_installed(),
+        "following_after_destroy": later.following() is not None,
     }
     dist.new_group(backend="gloo")
     dist.new_group()
@@ -142,7 +142,7 @@ def _unconfigured() -> dict[str, Any]:
     context = setup_distributed(_section(None, None), RuntimeConfig())
     _replica_group(context)
     dist.new_group(backend="gloo")
-    return {"unconfigured_following": every_group.following() is not None, "unconfigured": audit_groups().to_json()}
+    return {"unconfigured_following": later.following() is not None, "unconfigured": audit_groups().to_json()}
 
 
 def phases(params: dict[str, Any]) -> dict[str, Any]:

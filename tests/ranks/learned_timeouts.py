@@ -1,4 +1,4 @@
-"""Rank function for tests/test_learned_timeouts.py: a run that learns its timeouts, on real Gloo ranks.
+"""Rank function for tests/timeouts/test_learned_timeouts.py: a run that learns its timeouts, on real Gloo ranks.
 
 One run through the real ``setup_distributed`` (tp 2 on 4 ranks: mesh axes and flattened axes),
 in the order a training worker would go, reading every group torch holds
@@ -19,10 +19,10 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
-from nemo_rl_shim.distributed_setup import RuntimeConfig, setup_distributed
-from nemo_rl_shim.groups import backend_timeouts
-from nemo_rl_shim.learner import Learner
+from nemo_rl_shim.process_groups.registry import backend_timeouts
+from nemo_rl_shim.setup.distributed import RuntimeConfig, setup_distributed
 from nemo_rl_shim.timeouts import learned_timeouts, set_timeouts
+from nemo_rl_shim.timeouts.learned_run import Learner
 
 __all__ = ["every_group", "learn_and_stall", "section"]
 

@@ -1,9 +1,9 @@
-"""Rank functions for tests/test_mesh_timeouts.py: ``set_mesh_timeouts`` on meshes built by a real release.
+"""Rank functions for tests/process_groups/test_setting.py: ``set_mesh_timeouts`` on meshes built by a real release.
 
 Each rank joins the launcher's world on Gloo, builds meshes the way the release on
 ``PYTHONPATH`` builds them without a timeout (``create_device_mesh`` on 0.3.0/0.4.0,
 ``MeshContext.build`` without ``timeout_minutes`` on later ones), reads every group's
-timeout straight from its backends, calls :func:`nemo_rl_shim.mesh_timeouts.set_mesh_timeouts`,
+timeout straight from its backends, calls :func:`nemo_rl_shim.process_groups.setting.set_mesh_timeouts`,
 and reads again. The last layout checks the value by a collective that times out on a
 peer that never joins. Nothing here asserts.
 """
@@ -97,7 +97,7 @@ def after_build(params: dict[str, Any]) -> dict[str, Any]:
     """params: ``minutes``, ``layouts`` (``[{"name", "tp", "cp", "ep", "dp_replicate"}]``), and ``stall``
     (``{"layout", "group", "minutes"}``: on that layout, the group's last rank never joins an all-reduce)."""
     import automodel_patch
-    from nemo_rl_shim.mesh_timeouts import set_mesh_timeouts
+    from nemo_rl_shim.process_groups.setting import set_mesh_timeouts
 
     dist.init_process_group("gloo")
     out: dict[str, Any] = {"version": str(automodel_patch.installed_version()), "layouts": []}
@@ -132,7 +132,7 @@ def composite_after_build(params: dict[str, Any]) -> dict[str, Any]:
     """CPU offload's default group shape, ``"cpu:gloo,cuda:<stand-in>"``, then the release's build and
     ``set_mesh_timeouts``: per group, its backend string and whether its two halves are distinct objects,
     before and after. params: ``layout``, ``minutes``."""
-    from nemo_rl_shim.mesh_timeouts import set_mesh_timeouts
+    from nemo_rl_shim.process_groups.setting import set_mesh_timeouts
 
     if CUDA_STAND_IN not in dist.Backend.backend_list:
         dist.Backend.register_backend(CUDA_STAND_IN, _gloo_stand_in, devices=["cuda"])
@@ -171,7 +171,7 @@ def composite_half_skipped(params: dict[str, Any]) -> dict[str, Any]:
     """
     from torch.distributed.device_mesh import init_device_mesh
 
-    from nemo_rl_shim import mesh_timeouts
+    from nemo_rl_shim.process_groups import setting
 
     if CUDA_STAND_IN not in dist.Backend.backend_list:
         dist.Backend.register_backend(CUDA_STAND_IN, _gloo_stand_in, devices=["cuda"])
@@ -179,11 +179,9 @@ def composite_half_skipped(params: dict[str, Any]) -> dict[str, Any]:
     mesh = init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=("tp",))
     group = mesh.get_group("tp")
     cpu, cuda = group._get_backend(torch.device("cpu")), group._get_backend(torch.device("cuda"))
-    mesh_timeouts.set_group_timeout = lambda timeout, g: g._get_backend(torch.device("cpu"))._set_default_timeout(
-        timeout
-    )
+    setting.set_group_timeout = lambda timeout, g: g._get_backend(torch.device("cpu"))._set_default_timeout(timeout)
     try:
-        mesh_timeouts.set_mesh_timeouts(mesh, None, params["minutes"])
+        setting.set_mesh_timeouts(mesh, None, params["minutes"])
         raised = None
     except RuntimeError as error:
         raised = str(error)

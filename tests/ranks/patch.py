@@ -80,17 +80,17 @@ def _group_facts(device_mesh: Any, moe_mesh: Any) -> dict[str, dict[str, Any]]:
     import torch
     import torch.distributed as dist
 
-    from nemo_rl_shim import groups
+    from nemo_rl_shim.process_groups import registry
 
     facts = {}
-    for name, group in groups.named_groups(device_mesh, moe_mesh).items():
+    for name, group in registry.named_groups(device_mesh, moe_mesh).items():
         ones = torch.ones(1)
         dist.all_reduce(ones, group=group)
         facts[name] = {
             "size": dist.get_world_size(group),
             "is_default_group": group is dist.group.WORLD,
-            "backends": groups.group_backends(group),
-            "timeout_s": {device: t.total_seconds() for device, t in groups.backend_timeouts(group).items()},
+            "backends": registry.group_backends(group),
+            "timeout_s": {device: t.total_seconds() for device, t in registry.backend_timeouts(group).items()},
             "all_reduce": ones.item(),
         }
     return facts
@@ -156,7 +156,7 @@ def fault_on_sub_group(params: dict[str, Any]) -> dict[str, Any]:
     import torch.distributed as dist
 
     import automodel_patch
-    from nemo_rl_shim import groups
+    from nemo_rl_shim.process_groups import registry
     from nemo_rl_shim.timeouts import set_group_timeout
 
     dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=params["default_minutes"]))
@@ -170,7 +170,7 @@ def fault_on_sub_group(params: dict[str, Any]) -> dict[str, Any]:
     wanted = datetime.timedelta(minutes=params["timeout_minutes"])
     # torch 2.9's DeviceMesh gives a Gloo sub-group no timeout (setup_distributed sets it after the build;
     # this worker builds directly): the fault needs a sub-group carrying the short one, so it is set here.
-    set_by_worker = groups.backend_timeouts(group)["cpu"] != wanted
+    set_by_worker = registry.backend_timeouts(group)["cpu"] != wanted
     if set_by_worker:
         set_group_timeout(wanted, group)
     report: dict[str, Any] = {
@@ -179,7 +179,7 @@ def fault_on_sub_group(params: dict[str, Any]) -> dict[str, Any]:
         "apply": status,
         "group_size": dist.get_world_size(group),
         "is_default_group": group is dist.group.WORLD,
-        "timeout_s": {device: t.total_seconds() for device, t in groups.backend_timeouts(group).items()},
+        "timeout_s": {device: t.total_seconds() for device, t in registry.backend_timeouts(group).items()},
     }
     if rank == params["stalled_rank"]:
         start = time.monotonic()

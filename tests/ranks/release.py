@@ -31,8 +31,8 @@ def _verdicts(*, installed: bool) -> dict[str, dict[str, str]]:
 
 
 def _matrix() -> list[dict[str, Any]]:
-    from nemo_rl_shim.decision import decide
-    from nemo_rl_shim.process_group import backend_for
+    from nemo_rl_shim.setup.decision import decide
+    from nemo_rl_shim.setup.default_group import backend_for
 
     rows = []
     for timeout in TIMEOUTS:
@@ -61,7 +61,7 @@ def release_facts(params: dict[str, Any]) -> dict[str, Any]:
     """Detection, decisions, and apply/revert (all workarounds, then one at a time) on the release in this process."""
     import automodel_patch
     from automodel_patch import _target
-    from nemo_rl_shim.support import import_automodel
+    from nemo_rl_shim.setup.support import import_automodel
 
     imported = import_automodel()
     if imported.error is not None:  # a release this torch cannot import (0.6.0 and 0.7.0 on torch 2.9)

@@ -33,18 +33,18 @@ def _group_facts(ctx: Any) -> dict[str, dict[str, Any]]:
     import torch
     import torch.distributed as dist
 
-    from nemo_rl_shim import groups
+    from nemo_rl_shim.process_groups import registry
 
     facts = {}
-    for name, group in groups.named_groups(ctx.device_mesh, ctx.moe_mesh).items():
+    for name, group in registry.named_groups(ctx.device_mesh, ctx.moe_mesh).items():
         ones = torch.ones(1)
         dist.all_reduce(ones, group=group)
         facts[name] = {
             "size": dist.get_world_size(group),
             "is_default_group": group is dist.group.WORLD or group == dist.distributed_c10d._get_default_group(),
-            "backends": groups.group_backends(group),
+            "backends": registry.group_backends(group),
             "timeout_minutes": {
-                device: timeout.total_seconds() / 60 for device, timeout in groups.backend_timeouts(group).items()
+                device: timeout.total_seconds() / 60 for device, timeout in registry.backend_timeouts(group).items()
             },
             "all_reduce": ones.item(),
         }
@@ -86,17 +86,17 @@ def _count_mesh_builders() -> dict[str, Any]:
 def _count_read_back_passes() -> dict[str, int]:
     """Count ``setup_distributed``'s calls of ``set_mesh_timeouts`` (the post-build pass that reads every group
     back); the real function still runs."""
-    from nemo_rl_shim import distributed_setup
+    from nemo_rl_shim.setup import distributed
 
     calls = {"set_mesh_timeouts": 0}
-    original = distributed_setup.set_mesh_timeouts
+    original = distributed.set_mesh_timeouts
 
     @functools.wraps(original)
     def counted(*args: Any, **kwargs: Any) -> Any:
         calls["set_mesh_timeouts"] += 1
         return original(*args, **kwargs)
 
-    distributed_setup.set_mesh_timeouts = counted
+    distributed.set_mesh_timeouts = counted
     return calls
 
 
@@ -160,7 +160,7 @@ def layouts(params: dict[str, Any]) -> dict[str, Any]:
 def legacy_pin(params: dict[str, Any]) -> dict[str, Any]:
     """On a pin without ``MeshContext.build(timeout_minutes=)``: real set-ups (see :func:`layouts`), and the
     decision for ``timeout`` under each default-group backend of ``backends``."""
-    from nemo_rl_shim.decision import decide
+    from nemo_rl_shim.setup.decision import decide
 
     decisions = {
         backend: decide(params["timeout"], cpu_offload="cpu:" in backend, default_backend=backend).to_dict()

@@ -1,4 +1,4 @@
-"""Rank functions for tests/test_timeouts.py: phase timeouts on real gloo ranks.
+"""Rank functions for tests/timeouts/test_timeouts.py: phase timeouts on real gloo ranks.
 
 Each function runs on every rank started by :func:`nemo_rl_shim.cli.preflight.spawn.spawn_ranks`,
 goes through the real ``setup_distributed`` with the installed Automodel, and
@@ -17,8 +17,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
-from nemo_rl_shim.distributed_setup import DistributedContext, RuntimeConfig, setup_distributed
-from nemo_rl_shim.groups import backend_timeouts, flattened_axes
+from nemo_rl_shim.process_groups.registry import backend_timeouts, flattened_axes
+from nemo_rl_shim.setup.distributed import DistributedContext, RuntimeConfig, setup_distributed
 from nemo_rl_shim.timeouts import after_first_step, extended_timeout, run_groups, set_group_timeout
 from tests.ranks.fresh_group import forget_meshes, move_to_fresh_port
 
@@ -47,7 +47,7 @@ def section(startup: float | None, steady: float | None, *, ep: int = 2) -> dict
 def mesh_groups(context: DistributedContext) -> dict[str, ProcessGroup]:
     """Every group reachable from the meshes through torch's DeviceMesh API.
 
-    Enumerated here without ``nemo_rl_shim.groups`` so the test can check that
+    Enumerated here without ``nemo_rl_shim.process_groups.registry`` so the test can check that
     ``run_groups`` misses none: each axis of the device mesh and the MoE mesh,
     and each flattened mesh recorded on either mesh's root.
     """

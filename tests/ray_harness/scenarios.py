@@ -1,7 +1,8 @@
 """``nemo-rl-shim preflight --ray`` on a real local Ray head, inside a private network namespace.
 
 Run as ``unshare --net -- python -m tests.ray_harness.scenarios TEMP_DIR OUT_JSON`` (:mod:`.tree`), before
-the suite's workers start when the run selects ``tests/test_ray_preflight.py``; that test reads ``OUT_JSON``.
+the suite's workers start when the run selects ``tests/cli/preflight/test_ray_preflight.py``; that test reads
+``OUT_JSON``.
 The namespace has loopback only, so the head, its workers and the torch.distributed ranks
 all live on 127.0.0.1 and nothing can reach another host (outside it, Ray would pick this
 machine's non-loopback address). Every process of this head lives in that namespace and
@@ -144,7 +145,7 @@ def main(temp_dir: str, out_path: str) -> int:
         if facts["head"]["returncode"] == 0:
             stall = ["--stall-rank", "1", "--stall-s", "3600"]
             # A 12 s collective timeout and the Flight Recorder on: rank 0's collective times out, it gives up
-            # on its peers, and the run ends with hang-report's line (tests/test_ray_preflight.py).
+            # on its peers, and the run ends with hang-report's line (tests/cli/preflight/test_ray_preflight.py).
             fr = ["--timeout-minutes", "0.2", "--flight-recorder", str(Path(temp_dir, "flight-recorder"))]
             runs = {
                 "passing": ["--timeout-s", str(PASS_TIMEOUT_S)],

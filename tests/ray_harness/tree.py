@@ -9,7 +9,7 @@ process group nor the command line finds them all.
 Started before the suite's workers: ``ray start --head`` gives its raylet a fixed 30 s to register
 with the GCS (``ray/_private/node.py``). Started at the suite's start-up peak (six workers importing
 torch on 2 cores), it missed that in CI on both of its tries (``Failed to get node info: Deadline
-Exceeded``, exit 1 after 78 s). So when a run selects ``tests/test_ray_preflight.py`` with neither
+Exceeded``, exit 1 after 78 s). So when a run selects ``tests/cli/preflight/test_ray_preflight.py`` with neither
 ``-k`` nor ``-m`` (the README's test command), ``tests/conftest.py`` starts the tree in the pytest
 process before the xdist workers exist, and waits until its head is up (6 s on an idle
 machine) or has failed. The tree's drivers then run beside the suite, and the test's fixture

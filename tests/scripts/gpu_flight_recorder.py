@@ -49,7 +49,7 @@ def rank(params: dict[str, Any]) -> dict[str, Any]:
     """One rank: set up NCCL with the recorder on, one good all-reduce, then the one that cannot finish."""
     import torch
 
-    from nemo_rl_shim.distributed_setup import RuntimeConfig, setup_distributed
+    from nemo_rl_shim.setup.distributed import RuntimeConfig, setup_distributed
 
     section = {
         "automodel_cfg": {

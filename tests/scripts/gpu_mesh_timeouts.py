@@ -6,7 +6,7 @@ check holds, 1 when one does not, 2 without two CUDA devices). Not a pytest file
 Each rank (two, or four with four GPUs or more) joins a ``"cuda:nccl,cpu:gloo"`` default group (CPU
 offload's) with torch's default timeout, builds the meshes without a timeout (the installed
 nemo-automodel's ``MeshContext.build`` without ``timeout_minutes``, or ``create_device_mesh`` on 0.3.0 /
-0.4.0), and calls :func:`nemo_rl_shim.mesh_timeouts.set_mesh_timeouts` with 0.2 min (12 s). Checked:
+0.4.0), and calls :func:`nemo_rl_shim.process_groups.setting.set_mesh_timeouts` with 0.2 min (12 s). Checked:
 every group reads 0.2 min on both halves; then on one axis (``tp`` with four ranks; ``dp_shard`` with
 two, which is the default group itself) the axis' last rank never joins an all-reduce, and each other
 rank's all-reduce must fail after about 12 s (``TORCH_NCCL_BLOCKING_WAIT=1`` raises it in the caller),
@@ -55,7 +55,7 @@ def rank(params: dict[str, Any]) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
-    from nemo_rl_shim.mesh_timeouts import set_mesh_timeouts
+    from nemo_rl_shim.process_groups.setting import set_mesh_timeouts
     from tests.ranks.mesh_timeouts import build_without_timeout
 
     device = params["device"]

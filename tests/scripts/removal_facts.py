@@ -19,8 +19,8 @@ TIMEOUT = 45.0
 def facts() -> dict[str, Any]:
     import automodel_patch
     from nemo_rl_shim.cli.status import RUNS, gather_status, render_status
-    from nemo_rl_shim.decision import decide
-    from nemo_rl_shim.process_group import backend_for
+    from nemo_rl_shim.setup.decision import decide
+    from nemo_rl_shim.setup.default_group import backend_for
 
     decisions = []
     for label, cpu_offload, cuda in RUNS:

@@ -19,7 +19,7 @@ import pytest
 import torch.distributed as dist
 
 from nemo_rl_shim import DistributedContext, RuntimeConfig, check_layout, setup_distributed
-from nemo_rl_shim.distributed_setup import NEMO_RL_FIELDS, ParallelSizes
+from nemo_rl_shim.setup.distributed import NEMO_RL_FIELDS, ParallelSizes
 
 __all__: list[str] = []
 

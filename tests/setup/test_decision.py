@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from nemo_rl_shim.cli.preflight.spawn import spawn_ranks
-from nemo_rl_shim.decision import Action, Decision
+from nemo_rl_shim.setup.decision import Action, Decision
 from tests.harness.fixture_wheels import JUDGEABLE_STYLES, fixture_version
 from tests.harness.release_facts import SOURCE_PATCH_SUFFIX
 from tests.harness.releases import ALL_RELEASES, FIXED_FUNCTION_RELEASES, LEGACY_RELEASES

@@ -4,7 +4,7 @@ One spawn runs every scenario in order, each on a fresh MASTER_PORT, tearing
 the default group down in between. The order matters: the fork fix, once
 applied by the first scenario that forwards a timeout with the fix allowed,
 stays applied in that process, as in a real run. Timeouts are read from the process groups themselves
-(``nemo_rl_shim.groups``) and every group passes an all_reduce.
+(``nemo_rl_shim.process_groups.registry``) and every group passes an all_reduce.
 
 On a CPU-only machine every group is Gloo, whatever ``cpu_offload`` says, and
 upstream 0.7.0 passes no timeout to a Gloo mesh's sub-groups; so the fork fix is
@@ -19,10 +19,10 @@ import pytest
 
 import automodel_patch
 from nemo_rl_shim.cli.preflight.spawn import spawn_ranks
-from nemo_rl_shim.decision import Action
-from nemo_rl_shim.distributed_setup import NEMO_RL_FIELDS
+from nemo_rl_shim.setup.decision import Action
+from nemo_rl_shim.setup.distributed import NEMO_RL_FIELDS
 from tests.ranks.set_up import UNSET
-from tests.test_context import SHIM_FIELDS
+from tests.setup.test_context import SHIM_FIELDS
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.every_lane, pytest.mark.nemo_rl_python]
 

@@ -25,7 +25,7 @@ import torch
 from packaging.version import Version
 
 from nemo_rl_shim.cli.preflight.spawn import spawn_ranks
-from nemo_rl_shim.support import TESTED_PAIRS, AutomodelImport, Support
+from nemo_rl_shim.setup.support import TESTED_PAIRS, AutomodelImport, Support
 from tests.harness.paths import REPO_ROOT
 
 __all__: list[str] = []

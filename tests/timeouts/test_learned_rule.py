@@ -1,4 +1,4 @@
-"""The learning rule (``nemo_rl_shim.learning``): plain arithmetic, checked without torch or ranks.
+"""The learning rule (``nemo_rl_shim.timeouts.learned_rule``): plain arithmetic, checked without torch or ranks.
 
 Settings in seconds' reach: ceiling 1 minute, factor 5, floor 0.5 s, ``min_steps`` 4, unless a test says.
 """
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from nemo_rl_shim.config import LearnedTimeoutsSettings
-from nemo_rl_shim.learning import (
+from nemo_rl_shim.timeouts.learned_rule import (
     FIRST_STEP,
     MAX_PHASE_NAME,
     STATE_FORMAT,

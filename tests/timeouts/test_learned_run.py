@@ -3,7 +3,7 @@
 A one-rank Gloo group is real (the agreement all-reduce runs on it). The clock is a fake the test
 moves, and ``set_timeouts`` is a recorder, so every test reads the exact sequence of events: ``("set",
 seconds, barrier)``, ``("all_reduce", seconds)`` and ``("body", ...)``. The multi-rank behaviour
-(every group, every rank, real timeouts) is tests/test_learned_timeouts.py.
+(every group, every rank, real timeouts) is tests/timeouts/test_learned_timeouts.py.
 """
 
 from __future__ import annotations
@@ -16,12 +16,11 @@ from typing import Any
 import pytest
 import torch.distributed as dist
 
-from nemo_rl_shim import learner as learner_module
 from nemo_rl_shim.config import LearnedTimeoutsSettings
-from nemo_rl_shim.distributed_setup import DistributedContext
-from nemo_rl_shim.learner import Learner
-from nemo_rl_shim.learning import FIRST_STEP
-from nemo_rl_shim.timeouts import learned_timeouts
+from nemo_rl_shim.setup.distributed import DistributedContext
+from nemo_rl_shim.timeouts import learned_run, learned_timeouts
+from nemo_rl_shim.timeouts.learned_rule import FIRST_STEP
+from nemo_rl_shim.timeouts.learned_run import Learner
 
 SETTINGS = LearnedTimeoutsSettings(ceiling_minutes=1.0, factor=5.0, min_steps=3, floor_minutes=0.5 / 60)
 CONTEXT = DistributedContext(None, None, None, None, 1, 1, 1, learned_timeouts=SETTINGS)
@@ -61,7 +60,7 @@ def events(one_rank, monkeypatch) -> list[tuple[Any, ...]]:
 @pytest.fixture
 def clock(monkeypatch) -> Clock:
     fake = Clock()
-    monkeypatch.setattr(learner_module, "time", fake)
+    monkeypatch.setattr(learned_run, "time", fake)
     return fake
 
 

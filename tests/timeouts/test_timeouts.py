@@ -18,7 +18,7 @@ import torch
 
 from automodel_patch._simulated_group import simulated_default_group
 from nemo_rl_shim.cli.preflight.spawn import RankResult, spawn_ranks
-from nemo_rl_shim.distributed_setup import DistributedContext
+from nemo_rl_shim.setup.distributed import DistributedContext
 from nemo_rl_shim.timeouts import current_timeouts, extended_timeout
 from tests.ranks.timeouts import DISTINCT_BASE_S
 

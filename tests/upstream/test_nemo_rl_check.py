@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
+from tests.harness.paths import REPO_ROOT
+
 __all__: list[str] = []
 
-_SPEC = importlib.util.spec_from_file_location(
-    "nemo_rl_check", Path(__file__).resolve().parents[1] / "scripts" / "nemo_rl_check.py"
-)
+_SPEC = importlib.util.spec_from_file_location("nemo_rl_check", REPO_ROOT / "scripts" / "nemo_rl_check.py")
 assert _SPEC is not None and _SPEC.loader is not None
 check = importlib.util.module_from_spec(_SPEC)
 sys.modules["nemo_rl_check"] = check

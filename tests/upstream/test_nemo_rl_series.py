@@ -18,9 +18,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness.paths import REPO_ROOT
+
 __all__: list[str] = []
 
-UPSTREAM = Path(__file__).resolve().parents[1] / "nemo_rl_shim" / "upstream"
+UPSTREAM = REPO_ROOT / "nemo_rl_shim" / "upstream"
 SERIES = sorted(UPSTREAM.glob("0*.patch"))
 BASE = "7ea279abfbeb698b092856d0dab61e7cf39bc909"
 GIT_TIMEOUT_S = 60

@@ -4,7 +4,7 @@ The first line names the rank(s) that did not enter, or did not finish, the coll
 point-to-point op the others waited in: the group as its mesh axes and ranks, the op, its sequence
 number; then, where that rank left a stack file, its innermost frame in user code; then how long, and
 where, the others waited. Then the groups by shape, the other findings, the stacks (identical ones
-grouped, the outliers first), the dumps, and what torch's own analyzer made of them.
+grouped, the outliers first), the dumps, and, with ``--torch-analyzer``, what torch's own analyzer made of them.
 
 Split by job, as torch's own ``flight_recorder/`` keeps loader, builder and types apart:
 :mod:`.loader` (finding the dumps, reading many in processes), :mod:`.dump_format` (torch's dump format,
@@ -18,6 +18,10 @@ dump, or a stack written (a rank stayed in a watched block past its deadline); 2
 cannot be read, a dump that is malformed or refused (it would run code), dumps that disagree on the world,
 or dumps that hold no entry to compare (one line on stderr naming the file; with ``--json`` the same line
 in a JSON object on stdout too).
+
+Imports no torch: the report reads pickles, and a login node may have no torch. Of the library it reaches only
+:mod:`nemo_rl_shim.flight_recorder.names` and :mod:`nemo_rl_shim.one_line`; torch's analyzer imports torch when
+asked for (``tests/test_layers.py`` holds both, from the sources and in a fresh interpreter).
 """
 
 from __future__ import annotations
@@ -34,8 +38,8 @@ from nemo_rl_shim.cli.hang_report.loader import DumpError, RankDump, load_dumps
 from nemo_rl_shim.cli.hang_report.render import render_text, report_json
 from nemo_rl_shim.cli.hang_report.stacks import RankStack, load_stacks
 from nemo_rl_shim.cli.hang_report.where import finding_line, stalled_line
-from nemo_rl_shim.flight_recorder import DUMP_FILE_NAME
-from nemo_rl_shim.rank_ranges import format_ranks
+from nemo_rl_shim.flight_recorder.names import DUMP_FILE_NAME
+from nemo_rl_shim.one_line.rank_ranges import format_ranks
 
 __all__ = [
     "EXIT_AGREE",
@@ -123,18 +127,15 @@ class HangReport:
         return report_json(self.line, self.exit_code, self.analysis, self.directory, self.torch, self.stacks)
 
 
-def build_report(directory: str | Path, *, with_torch: bool | None = None) -> HangReport:
+def build_report(directory: str | Path, *, with_torch: bool = False) -> HangReport:
     """Read ``directory`` (and its subfolders) and analyse it; :class:`DumpError` when it cannot be read.
 
-    ``with_torch``: run torch's analyzer too (True), not (False), or when the dumps hold at most
-    :data:`torch_analyzer.MAX_ENTRIES` entries in all (None). It runs after the shim's analysis.
+    ``with_torch``: run torch's analyzer too, after the shim's analysis. It imports torch, which nothing else
+    here does (:mod:`.torch_analyzer`), so it runs only when asked (``--torch-analyzer``).
     """
     directory = Path(directory)
     analysis = analyse(load_dumps(directory))
-    entries = sum(d.n_entries for d in analysis.dumps.values())
-    if with_torch is None:
-        with_torch = entries <= torch_analyzer.MAX_ENTRIES
-    torch_facts = torch_analyzer.run(analysis.dumps) if with_torch else torch_analyzer.skipped(entries)
+    torch_facts = torch_analyzer.run(analysis.dumps) if with_torch else torch_analyzer.skipped()
     return HangReport(directory, analysis, torch_facts, load_stacks(directory))
 
 
@@ -143,7 +144,7 @@ def render(report: HangReport) -> str:
     return render_text(report.line, report.analysis, report.directory, report.torch, report.stacks)
 
 
-def main(directory: str, *, as_json: bool = False, with_torch: bool | None = None) -> tuple[int, str]:
+def main(directory: str, *, as_json: bool = False, with_torch: bool = False) -> tuple[int, str]:
     """The command: ``(exit code, text)``; a :class:`DumpError` is ``(2, its one line)``, or with ``as_json`` a JSON
     object that carries it (``line``, ``exit_code``, ``error``), so that ``--json`` is JSON on every path."""
     try:

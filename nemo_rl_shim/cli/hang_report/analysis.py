@@ -43,7 +43,7 @@ from nemo_rl_shim.cli.hang_report.dump_format import pg_status_of
 from nemo_rl_shim.cli.hang_report.frames import Frame, by_place, same_place
 from nemo_rl_shim.cli.hang_report.records import Entry, GroupKey, RankDump
 from nemo_rl_shim.cli.hang_report.world import World, world_of
-from nemo_rl_shim.rank_ranges import format_ranks
+from nemo_rl_shim.one_line.rank_ranges import format_ranks
 
 __all__ = [
     "PLACES_SHOWN",

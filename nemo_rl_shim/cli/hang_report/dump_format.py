@@ -44,8 +44,8 @@ from typing import Any
 from nemo_rl_shim.cli.hang_report.frames import Frame, frame, user_frame
 from nemo_rl_shim.cli.hang_report.records import DumpError, Entry, GroupKey, P2PKey, RankDump, Recorder
 from nemo_rl_shim.cli.hang_report.safe_pickle import RefusedPickle, load_plain
-from nemo_rl_shim.error_line import first_line
-from nemo_rl_shim.flight_recorder import PG_STATUS_KEY
+from nemo_rl_shim.flight_recorder.names import PG_STATUS_KEY
+from nemo_rl_shim.one_line.exception import first_line
 
 __all__ = [
     "CALLS_KEPT",
@@ -583,7 +583,7 @@ def _members(
     entries), and the default group's members as a record lists them (never from the entries alone)."""
     shim = raw.get("nemo_rl_shim") or {}
     if shim.get("groups"):
-        groups = groups_from_map(shim["groups"], f"{path}: nemo_rl_shim.groups")
+        groups = groups_from_map(shim["groups"], f"{path}: nemo_rl_shim.process_groups.registry")
     else:  # checked as it was read (read_sidecar); copied, since the entries add members below
         groups = {name: dict(facts) for name, facts in (sidecar.get("groups") or {}).items()}
     for name, facts in _groups_from_pg_config(raw.get("pg_config") or {}, rank, path).items():

@@ -26,8 +26,8 @@ from typing import Any
 
 from nemo_rl_shim.cli.hang_report.dump_format import read_dump, read_sidecar, summarize
 from nemo_rl_shim.cli.hang_report.records import DumpError, Entry, RankDump
-from nemo_rl_shim.error_line import first_line
-from nemo_rl_shim.flight_recorder import DUMP_FILE_NAME, ENV_PAIRS, SIDECAR_NAME, TORCH_DEFAULT_PREFIX
+from nemo_rl_shim.flight_recorder.names import DUMP_FILE_NAME, ENV_PAIRS, SIDECAR_NAME, TORCH_DEFAULT_PREFIX
+from nemo_rl_shim.one_line.exception import first_line
 
 __all__ = ["DumpError", "Entry", "RankDump", "dump_prefixes", "find_dumps", "load_dumps", "read_raw", "summarize"]
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from nemo_rl_shim.cli.hang_report.analysis import Analysis, Finding, GroupState, pg_status_counts_done
 from nemo_rl_shim.cli.hang_report.stacks import RankStack, group_stacks, is_runtime_frame
-from nemo_rl_shim.rank_ranges import format_ranks
+from nemo_rl_shim.one_line.rank_ranges import format_ranks
 
 __all__ = [
     "DUMPS_IN_FULL",
@@ -140,7 +140,8 @@ def torch_line(facts: dict[str, Any]) -> str:
             f"{len(facts['flagged'])}" + (f": {flagged}{more}" if flagged else "")
         )
     if facts.get("outcome") == "skipped":
-        return f"torch {facts['torch']} analyzer: {facts['error']}"
+        who = "torch's" if facts.get("torch") is None else f"torch {facts['torch']}"  # not asked for: no torch
+        return f"{who} analyzer: {facts['error']}"
     return f"torch {facts['torch']} analyzer: did not run: {facts['error']}"
 
 

@@ -1,8 +1,8 @@
 """Reading the ranks' stack files: where each rank was when its watched block ran past its deadline.
 
-The files are ``fr_stack_rank_<rank>.txt`` (:data:`~nemo_rl_shim.stack_watchdog.STACK_FILE_NAME`), in the
-dump folder and its subfolders, as :mod:`nemo_rl_shim.stack_watchdog` writes them: one header line
-(:data:`~nemo_rl_shim.stack_watchdog.HEADER` and JSON: rank, pid, the thread that armed, the block, when it
+The files are ``fr_stack_rank_<rank>.txt`` (:data:`~nemo_rl_shim.flight_recorder.names.STACK_FILE_NAME`), in the
+dump folder and its subfolders, as :mod:`nemo_rl_shim.flight_recorder.stack_watchdog` writes them: one header line
+(:data:`~nemo_rl_shim.flight_recorder.names.HEADER` and JSON: rank, pid, the thread that armed, the block, when it
 was entered, how long it could run), then faulthandler's text once the watchdog fired::
 
     Timeout (0:00:08)!
@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from nemo_rl_shim.cli.hang_report.frames import Frame, frame, is_runtime_frame, user_frame
-from nemo_rl_shim.stack_watchdog import HEADER, STACK_FILE_NAME
+from nemo_rl_shim.flight_recorder.names import HEADER, STACK_FILE_NAME
 
 __all__ = [
     "MAX_STACK_BYTES",

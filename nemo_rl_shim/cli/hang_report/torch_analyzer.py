@@ -5,7 +5,11 @@ keeps one line of it. It works on NCCL dumps and on the shim's Gloo dumps (``pg_
 name). It fails on torch's own Gloo dumps (``pg_config`` keyed by ``''``: ``KeyError``), on dumps with
 coalesced p2p where ``tabulate`` is not installed (``NameError``), and is absent from torch 2.9; any
 failure, ``SystemExit`` included, is caught and said in one line. It re-reads the files (the shim's
-reading keeps no entries) and is skipped above :data:`MAX_ENTRIES` unless asked for.
+reading keeps no entries).
+
+Only ``hang-report --torch-analyzer`` runs it (:func:`run`): it imports torch (778 modules, seconds of the
+command's time; and a login node may have no torch), which the rest of the report never needs. This module
+imports torch only inside :func:`run`; without the flag the report says so in one line (:func:`skipped`).
 """
 
 from __future__ import annotations
@@ -15,13 +19,9 @@ import logging
 from typing import Any
 
 from nemo_rl_shim.cli.hang_report.loader import RankDump, read_raw
-from nemo_rl_shim.error_line import first_line
+from nemo_rl_shim.one_line.exception import first_line
 
-__all__ = ["MAX_ENTRIES", "run", "skipped"]
-
-#: Above this many entries in all, torch's analyzer is skipped unless asked for: it took 27 s on 64 ranks of
-#: 2,000 entries each (benchmarks/flight_recorder_cost.py), where the shim's own reading takes under 2 s.
-MAX_ENTRIES = 20_000
+__all__ = ["run", "skipped"]
 
 
 class _Capture(logging.Handler):
@@ -39,14 +39,9 @@ def _torch_version() -> str:
     return str(torch.__version__)
 
 
-def skipped(entries: int) -> dict[str, Any]:
-    """The outcome when the dumps are too many entries to run it by default."""
-    return {
-        "torch": _torch_version(),
-        "ran": False,
-        "outcome": "skipped",
-        "error": f"skipped: {entries} entries, more than {MAX_ENTRIES} (--torch-analyzer runs it)",
-    }
+def skipped() -> dict[str, Any]:
+    """The outcome where it was not asked for: no torch imported, so no version to give (``"torch": None``)."""
+    return {"torch": None, "ran": False, "outcome": "skipped", "error": "not run (--torch-analyzer runs it)"}
 
 
 def _collective_facts(collective: Any) -> dict[str, Any]:

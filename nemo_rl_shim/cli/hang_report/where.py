@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from nemo_rl_shim.cli.hang_report.analysis import Finding
 from nemo_rl_shim.cli.hang_report.frames import Frame, same_place
 from nemo_rl_shim.cli.hang_report.stacks import RankStack
-from nemo_rl_shim.rank_ranges import format_ranks
+from nemo_rl_shim.one_line.rank_ranges import format_ranks
 
 __all__ = ["finding_line", "places", "stalled_line"]
 

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from nemo_rl_shim.cli.hang_report.records import DumpError, RankDump
-from nemo_rl_shim.rank_ranges import format_ranks
+from nemo_rl_shim.one_line.rank_ranges import format_ranks
 
 __all__ = ["World", "unrecorded_limit", "world_of"]
 

@@ -37,7 +37,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nemo_rl_shim.error_line import first_line
+from nemo_rl_shim.one_line.exception import first_line
 
 if TYPE_CHECKING:
     from hydra.core.override_parser.types import Override

@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from nemo_rl_shim.integers import is_positive_int, positive_int
+from nemo_rl_shim.config.integers import is_positive_int, positive_int
 
 __all__ = ["World", "training_world", "training_world_of", "world_from_flag"]
 

@@ -72,7 +72,7 @@ from nemo_rl_shim.cli.preflight.runner import (
     available_memory_mib,
 )
 from nemo_rl_shim.cli.preflight.stuck import past_deadline
-from nemo_rl_shim.distributed_setup import ParallelSizes, check_layout, parallel_sizes
+from nemo_rl_shim.setup.distributed import ParallelSizes, check_layout, parallel_sizes
 
 __all__ = [
     "ALL_RANKS_UP_TO",

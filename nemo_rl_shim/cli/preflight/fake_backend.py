@@ -19,7 +19,7 @@ the boundary this machine lacks (GPUs, NCCL, a rendezvous) is, narrowly:
   ``_get_backend(device)`` returns a :class:`_Half` (``name()`` ``"nccl"`` / ``"gloo"``,
   ``options._timeout``, the timeout setters, and the class of the backend it stands for, so
   torch's own ``isinstance`` checks in ``_set_pg_timeout`` accept it). The shim's readers
-  (:func:`nemo_rl_shim.groups.group_backends`, ``backend_timeouts``) and its timeout setters
+  (:func:`nemo_rl_shim.process_groups.registry.group_backends`, ``backend_timeouts``) and its timeout setters
   then see what the real run would have.
 * **CUDA.** ``torch.cuda.is_available`` answers True (the real run has GPUs), so the
   decision, Automodel's ``_mesh_device_type`` and ``DeviceMesh`` take the CUDA path;

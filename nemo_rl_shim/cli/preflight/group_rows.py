@@ -1,9 +1,9 @@
 """Which process groups a rank checks, and the :class:`~.results.GroupRow` read from each.
 
 The seam: :func:`groups_to_check` is the one place that says which groups a rank lists, and it lists
-every process group torch holds in this process (:func:`nemo_rl_shim.every_group.all_groups`, torch's
+every process group torch holds in this process (:func:`nemo_rl_shim.process_groups.registry.all_groups`, torch's
 registry): first the groups the training code names, under those names (the default group, each mesh
-axis, each flattened axis, each MoE axis: :func:`nemo_rl_shim.groups.named_groups`), then every other
+axis, each flattened axis, each MoE axis: :func:`nemo_rl_shim.process_groups.registry.named_groups`), then every other
 group (a plain ``new_group``, a library's own group) as ``unnamed <group_desc>`` (``unnamed undefined``:
 torch's description of a ``new_group`` made without one). Every runner (spawn, torchrun/srun, Ray, the
 dry run) gets its rows from :func:`~nemo_rl_shim.cli.preflight.rank_checks.check_rank`, which builds each
@@ -23,8 +23,7 @@ from torch.distributed import ProcessGroup
 
 from nemo_rl_shim.audit import BackendTimeout, GroupAudit, GroupsAudit
 from nemo_rl_shim.cli.preflight.results import GroupRow
-from nemo_rl_shim.every_group import all_groups
-from nemo_rl_shim.groups import named_groups
+from nemo_rl_shim.process_groups.registry import all_groups, named_groups
 
 __all__ = ["audit_of", "groups_to_check", "row_of", "with_steady_timeouts"]
 

@@ -2,7 +2,7 @@
 
 A group made after ``setup_distributed`` gets torch's default timeout (10 min NCCL, 30 min Gloo) unless
 something gives it another: the shim's set-up does, for every group made later
-(:mod:`nemo_rl_shim.every_group`); NeMo RL's own set-up gives the timeout only to the groups that exist
+(:mod:`nemo_rl_shim.process_groups.later`); NeMo RL's own set-up gives the timeout only to the groups that exist
 when it does. A check of the groups set-up made would miss the rest. NeMo RL's DTensor v2 policy worker
 (NeMo RL ``7ea279abf``) makes:
 
@@ -29,7 +29,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from nemo_rl_shim.integers import positive_int
+from nemo_rl_shim.config.integers import positive_int
 
 __all__ = ["make_later_groups", "refit_gpus_per_engine"]
 

@@ -19,7 +19,7 @@ from nemo_rl_shim import config as cfg
 from nemo_rl_shim.cli.nemo_rl import read_config, training_world_of, worker_note
 from nemo_rl_shim.cli.preflight.later_groups import refit_gpus_per_engine
 from nemo_rl_shim.cli.preflight.results import NEMO_RL_SETUP, SETUPS, SHIM_SETUP, RankParams
-from nemo_rl_shim.distributed_setup import parallel_sizes
+from nemo_rl_shim.setup.distributed import parallel_sizes
 
 __all__ = [
     "DEFAULT_SECTION",

@@ -2,7 +2,7 @@
 
 :func:`check_rank` runs on every rank: spawned by :func:`nemo_rl_shim.cli.preflight.spawn.spawn_ranks`,
 under torchrun / srun, in a Ray actor (:mod:`nemo_rl_shim.cli.preflight.ray_actors`), or played by the dry
-run. It calls the real set-up: the shim's :func:`~nemo_rl_shim.distributed_setup.setup_distributed`, or
+run. It calls the real set-up: the shim's :func:`~nemo_rl_shim.setup.distributed.setup_distributed`, or
 with ``--setup nemo-rl`` NeMo RL's own (:mod:`~nemo_rl_shim.cli.preflight.nemo_rl_setup`). Then it makes
 the groups a NeMo RL worker makes after set-up, as the worker makes them
 (:mod:`~nemo_rl_shim.cli.preflight.later_groups`), audits every process group torch holds
@@ -42,11 +42,11 @@ from nemo_rl_shim.audit import GroupAudit, audit_groups
 from nemo_rl_shim.cli.preflight.group_rows import audit_of, groups_to_check, row_of, with_steady_timeouts
 from nemo_rl_shim.cli.preflight.later_groups import make_later_groups
 from nemo_rl_shim.cli.preflight.results import NEMO_RL_SETUP, GroupRow, OffloadCheck, RankChecked, RankParams
-from nemo_rl_shim.distributed_setup import RuntimeConfig, setup_distributed
-from nemo_rl_shim.error_line import first_line
-from nemo_rl_shim.flight_recorder import dump_on_timeout
-from nemo_rl_shim.groups import axis_mesh, group_backends
-from nemo_rl_shim.timeouts import after_first_step
+from nemo_rl_shim.flight_recorder.recorder import dump_on_timeout
+from nemo_rl_shim.one_line.exception import first_line
+from nemo_rl_shim.process_groups.registry import axis_mesh, group_backends
+from nemo_rl_shim.setup.distributed import RuntimeConfig, setup_distributed
+from nemo_rl_shim.timeouts.phases import after_first_step
 
 __all__ = ["NOT_RUN", "OFFLOAD_METHOD", "SKIPPED", "check_rank", "check_rank_json"]
 

@@ -53,7 +53,7 @@ from nemo_rl_shim.cli.preflight.runner import (
     rank_env,
 )
 from nemo_rl_shim.cli.preflight.stuck import Grace, after_grace, past_deadline, watchdog
-from nemo_rl_shim.error_line import first_line
+from nemo_rl_shim.one_line.exception import first_line
 
 __all__ = ["RayRunner", "bundle_of", "plan_note", "plan_ray_ranks"]
 

@@ -26,8 +26,9 @@ from typing import Any
 from nemo_rl_shim.cli.preflight.options import PreflightOptions
 from nemo_rl_shim.cli.preflight.results import GroupRow, RankChecked, RankFailed, RankOutcome
 from nemo_rl_shim.cli.preflight.stuck import after_grace, past_deadline, ranks_named
-from nemo_rl_shim.every_group import RESOLUTION, TimeoutSource
-from nemo_rl_shim.rank_ranges import format_ranks
+from nemo_rl_shim.one_line.rank_ranges import format_ranks
+from nemo_rl_shim.process_groups.later import TimeoutSource
+from nemo_rl_shim.process_groups.setting import RESOLUTION
 
 __all__ = ["COLUMNS", "PreflightReport", "find_problems", "groups_line", "off_the_checked_path", "render_report"]
 

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from nemo_rl_shim.rank_ranges import format_ranks
+from nemo_rl_shim.one_line.rank_ranges import format_ranks
 
 __all__ = ["FAILURE_GRACE_S", "STUCK", "Grace", "after_grace", "past_deadline", "ranks_named", "watchdog"]
 

@@ -30,7 +30,7 @@ from nemo_rl_shim.cli.hang_report.stacks import read_stack
 from nemo_rl_shim.cli.main import main
 from nemo_rl_shim.cli.preflight.spawn import spawn_ranks
 from nemo_rl_shim.flight_recorder import DUMP_FILE_NAME, STACK_GRACE_S
-from nemo_rl_shim.stack_watchdog import stack_path
+from nemo_rl_shim.flight_recorder.stack_watchdog import stack_path
 from tests.ranks import hang_kinds
 from tests.ranks.hang_kinds import KINDS, STUCK, call_line, stall_line
 

@@ -2,7 +2,7 @@
 skipped collective told from a size mismatch.
 
 torch's recorder keeps, per entry, the Python stack where the op was called (innermost first; real Gloo dumps
-carry it: tests/test_hang_kinds.py and tests/test_hang_report_torch_gloo.py). Here the dumps are NCCL-format
+carry it: test_hang_kinds.py and test_hang_report_torch_gloo.py, beside this file). Here the dumps are NCCL-format
 (:mod:`tests.harness.nccl_format_dumps`), each entry's frames set to a place of a made-up training script
 behind torch's own frames, as torch symbolizes them (one dict per distinct frame, shared by every entry).
 """
@@ -21,7 +21,7 @@ from nemo_rl_shim.cli.hang_report import dump_format, loader
 from nemo_rl_shim.cli.hang_report.frames import Frame, same_place, user_frame
 from nemo_rl_shim.cli.hang_report.where import finding_line
 from nemo_rl_shim.cli.main import main
-from nemo_rl_shim.stack_watchdog import HEADER, STACK_FILE_NAME
+from nemo_rl_shim.flight_recorder.names import HEADER, STACK_FILE_NAME
 from tests.harness.nccl_format_dumps import Clock, Group, Rank, write
 
 SITE = "/venv/lib/python3.12/site-packages"

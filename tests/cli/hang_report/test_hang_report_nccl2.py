@@ -27,10 +27,10 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
-from nemo_rl_shim import flight_recorder
 from nemo_rl_shim.cli import hang_report
 from nemo_rl_shim.cli.hang_report.dump_format import pg_status_of
 from nemo_rl_shim.cli.preflight.spawn import spawn_ranks
+from nemo_rl_shim.flight_recorder import recorder as flight_recorder
 from tests.harness import hooked_backend
 from tests.harness.nccl_format_dumps import Clock, Group, Rank
 from tests.harness.nccl_scenarios import DEFAULT4, EXPECTED, build

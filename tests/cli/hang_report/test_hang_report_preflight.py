@@ -14,17 +14,16 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from nemo_rl_shim.cli.preflight.stuck import FAILURE_GRACE_S
 from tests.harness.at_once import run_at_once
+from tests.harness.paths import REPO_ROOT
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.every_lane]
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 #: --timeout-s: set-up of two ranks and the 12 s timeout fit many times over (the ranks are forked from a server
 #: that imported torch and Automodel once, tests/conftest.py: about 25 s in all on 2 busy cores). Neither run
 #: reaches it: the spawned one ends 15 s after rank 0 gives up, torchrun's when rank 0's gather times out.

@@ -1,7 +1,8 @@
 """``hang-report`` with stack files: reading them (hostile ones too), the first line with places, the stacks section.
 
-Stack files here are written by hand in faulthandler's format, as :mod:`nemo_rl_shim.stack_watchdog` writes them
-(tests/test_stack_watchdog.py and tests/test_hang_kinds.py make real ones). The findings are built directly
+Stack files here are written by hand in faulthandler's format, as
+:mod:`nemo_rl_shim.flight_recorder.stack_watchdog` writes them
+(tests/flight_recorder/test_stack_watchdog.py and test_hang_kinds.py make real ones). The findings are built directly
 (:class:`~nemo_rl_shim.cli.hang_report.analysis.Finding`), so only the placing is under test here.
 """
 
@@ -27,7 +28,7 @@ from nemo_rl_shim.cli.hang_report.stacks import (
     read_stack,
 )
 from nemo_rl_shim.cli.hang_report.where import finding_line
-from nemo_rl_shim.stack_watchdog import HEADER, STACK_FILE_NAME
+from nemo_rl_shim.flight_recorder.names import HEADER, STACK_FILE_NAME
 
 MAIN, WORKER = 0x7F00000000AA, 0x7F00000000BB
 TORCH = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
@@ -101,7 +102,7 @@ def test_the_user_frame_skips_torch_the_shim_and_the_standard_library() -> None:
     assert stack.in_torch_distributed
     assert stack.user_frame == Frame("/job/train.py", 70, "step")
     assert is_runtime_frame(Frame(STDLIB, 1, "run"))
-    assert is_runtime_frame(Frame("/repo/nemo_rl_shim/flight_recorder.py", 1, "dump_on_timeout"))
+    assert is_runtime_frame(Frame("/repo/nemo_rl_shim/flight_recorder/recorder.py", 1, "dump_on_timeout"))
     assert is_runtime_frame(Frame("<frozen runpy>", 88, "_run_code"))
     assert not is_runtime_frame(Frame("/venv/lib/python3.11/site-packages/nemo_automodel/x.py", 1, "f"))
     assert not is_runtime_frame(Frame("/usr/lib/python3/dist-packages/ray/worker.py", 1, "f"))

@@ -246,14 +246,14 @@ def test_layers_applied_before_stay_applied(config: str, capfd: pytest.CaptureFi
 
 def test_a_lost_cpu_half_is_found(config: str, capfd: pytest.CaptureFixture[str], monkeypatch) -> None:
     """NeMo RL without the shim: the timeout forwarded to the genuine ``MeshContext.build`` under CPU offload."""
-    from nemo_rl_shim import distributed_setup
-    from nemo_rl_shim.decision import Action, Decision
+    from nemo_rl_shim.setup import distributed
+    from nemo_rl_shim.setup.decision import Action, Decision
 
     def forward_as_upstream(timeout_minutes: float | None, *, cpu_offload: bool, **kwargs: Any) -> Decision:
         reason = "forwarded as NeMo RL does, no workaround"
         return Decision(Action.FORWARD, timeout_minutes, cpu_offload, reason, every_group=True)
 
-    monkeypatch.setattr(distributed_setup, "decide", forward_as_upstream)
+    monkeypatch.setattr(distributed, "decide", forward_as_upstream)
     code, report, err = _run(capfd, "--config", config, "--json", "--world", "8")
     assert code == 1, err[-3000:]
     assert "no CPU backend under CPU offload (backends cuda:nccl)" in report["problem"], report["problem"]

@@ -144,7 +144,8 @@ def test_default_run_reports_progress_on_stderr(runs):
     assert "preflight: starting 2 CPU ranks (importing Automodel takes ~10 s)..." in runs["default"].stderr
 
 
-# A stalled rank ending the spawned run at --timeout-s with one line: tests/test_hang_report_preflight.py, whose
+# A stalled rank ending the spawned run at --timeout-s with one line:
+# tests/cli/hang_report/test_hang_report_preflight.py, whose
 # spawned run (--stall-rank 1, Flight Recorder on) checks that line and the hang report's line in one spawn.
 
 
@@ -474,7 +475,7 @@ def test_a_group_with_a_timeout_of_its_own_is_shown_as_such_and_is_no_problem_un
 
 def test_a_value_within_c10d_s_millisecond_is_the_configured_one_and_one_beyond_it_is_not():
     """c10d keeps whole milliseconds; a group made later gets the value plus half a millisecond
-    (``every_group.CREATION_SLACK``) that a backend may show: not a problem. 1.2 s off is."""
+    (``later.CREATION_SLACK``) that a backend may show: not a problem. 1.2 s off is."""
     options = preflight.build_options()
     slack = 45 + 0.0005 / 60
     assert find_problems([_rank(0, [_row("cp_tp", timeout_minutes={"cpu": slack, "cuda": slack})])], options) == []

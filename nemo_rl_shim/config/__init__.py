@@ -1,0 +1,50 @@
+"""The knob and its checks: the ``automodel_cfg`` block, each key validated, and the integer check.
+
+Owns :mod:`.settings` (every key of ``automodel_cfg``, its validation, the settings each block becomes) and
+:mod:`.integers` (the positive-integer check every size, count and flag goes through). Re-exports
+:mod:`.settings`' names, so that ``from nemo_rl_shim import config as cfg; cfg.distributed_timeout_minutes(...)``
+reads as it always did.
+
+May import: the standard library alone. It knows nothing of torch.distributed: every check runs before any
+process group exists, so a bad value leaves nothing half-initialized (``tests/test_layers.py`` holds it to that).
+"""
+
+from __future__ import annotations
+
+from nemo_rl_shim.config.settings import (
+    AUTOMODEL_CFG_KEYS,
+    FLIGHT_RECORDER_DEFAULTS,
+    LEARNED_TIMEOUTS_DEFAULTS,
+    MIN_TIMEOUT,
+    ROLES,
+    AutomodelConfig,
+    FlightRecorderSettings,
+    LearnedTimeoutsSettings,
+    Role,
+    automodel_cfg,
+    distributed_timeout_minutes,
+    distributed_timeout_minutes_after_init,
+    flight_recorder,
+    learned_timeouts,
+    minutes_timedelta,
+    patch_automodel,
+)
+
+__all__ = [
+    "AUTOMODEL_CFG_KEYS",
+    "FLIGHT_RECORDER_DEFAULTS",
+    "LEARNED_TIMEOUTS_DEFAULTS",
+    "MIN_TIMEOUT",
+    "ROLES",
+    "AutomodelConfig",
+    "FlightRecorderSettings",
+    "LearnedTimeoutsSettings",
+    "Role",
+    "automodel_cfg",
+    "distributed_timeout_minutes",
+    "distributed_timeout_minutes_after_init",
+    "flight_recorder",
+    "learned_timeouts",
+    "minutes_timedelta",
+    "patch_automodel",
+]
