@@ -1,4 +1,4 @@
-"""PEP 562 lazy exports: a package's names, each imported from its module on first use.
+"""PEP 562 lazy exports: a package's names, each imported from the module that owns it on first use.
 
 A package that re-exports from modules that import torch (``nemo_rl_shim``, ``nemo_rl_shim.timeouts``,
 ``nemo_rl_shim.flight_recorder``) imports none of them itself: :func:`lazy_exports` gives it a module
@@ -12,32 +12,39 @@ from __future__ import annotations
 
 import importlib
 import sys
-from collections.abc import Callable, Mapping
-from typing import Any
+
+TYPE_CHECKING = False  # typing's own constant: importing typing and collections would cost every start ~15 ms
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+    from typing import Any
 
 __all__ = ["lazy_exports"]
 
 
 def lazy_exports(
-    package: str, exports: Mapping[str, tuple[str, ...]]
+    package: str, names: Sequence[str], owners: Sequence[str]
 ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
-    """``(__getattr__, __dir__)`` for ``package``, which exports each name of ``exports[module]`` from ``module``.
+    """``(__getattr__, __dir__)`` for ``package``, which exports ``names`` (its ``__all__``) from ``owners``.
 
-    ``module`` is relative to ``package`` (``".phases"``). A name read once is set on the package, so the
-    next read is a plain attribute. Any other name raises AttributeError, as a module without it does (so
-    ``from package import submodule`` still imports the submodule).
+    ``owners`` are module names relative to ``package`` (``".phases"``, ``"..process_groups.setting"``); a name
+    comes from the first of them whose ``__all__`` lists it, imported then, and not before. A name read once is
+    set on the package, so the next read is a plain attribute. Any other name raises AttributeError, as a module
+    without it does (so ``from package import submodule`` still imports the submodule).
     """
-    where = {name: module for module, names in exports.items() for name in names}
+    exported = frozenset(names)
 
     def __getattr__(name: str) -> Any:
-        module = where.get(name)
-        if module is None:
+        if name not in exported:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        value = getattr(importlib.import_module(module, package), name)
-        setattr(sys.modules[package], name, value)
-        return value
+        for owner in owners:
+            module = importlib.import_module(owner, package)
+            if name in getattr(module, "__all__", ()):
+                value = getattr(module, name)
+                setattr(sys.modules[package], name, value)
+                return value
+        raise AttributeError(f"module {package!r} exports {name!r}, but none of {list(owners)} has it in __all__")
 
     def __dir__() -> list[str]:
-        return sorted({*vars(sys.modules[package]), *where})
+        return sorted({*vars(sys.modules[package]), *exported})
 
     return __getattr__, __dir__

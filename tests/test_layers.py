@@ -290,6 +290,15 @@ def test_the_hang_report_command_imports_no_torch(tmp_path) -> None:
     assert code == 1 and "torch" in imported, out
 
 
+def test_no_test_folder_stands_in_for_a_package() -> None:
+    """The test folders mirror the rooms (``tests/automodel_patch/``, ``tests/setup/``): ``tests/`` itself must never
+    be on ``sys.path``, where ``import automodel_patch`` would find the folder of tests."""
+    import automodel_patch
+
+    assert str(REPO_ROOT / "tests") not in {str(Path(p).resolve()) for p in sys.path if p}
+    assert Path(automodel_patch.__file__).resolve() == REPO_ROOT / "automodel_patch" / "__init__.py"
+
+
 def test_only_the_nemo_rl_package_imports_omegaconf_or_hydra() -> None:
     users = {module for module, (_, other) in READ.items() if {name for name, _ in other} & {"omegaconf", "hydra"}}
     assert users, "no module imports OmegaConf or Hydra: the recipe reader is not where this test looks"

@@ -1,4 +1,4 @@
-"""The ``nemo-rl-shim`` command line: ``status`` and ``preflight``, with their launchers and reports.
+"""The ``nemo-rl-shim`` command line: ``status``, ``preflight`` and ``hang-report``, with their launchers and reports.
 
 The library a training worker imports (:mod:`nemo_rl_shim`) never imports this package;
 this package imports the library. :func:`main` is the console script.

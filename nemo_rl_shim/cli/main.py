@@ -6,6 +6,9 @@ Argument parsing and printing only; the work is in :mod:`nemo_rl_shim.cli.status
 ``hang-report``: a stall, a mismatch or a missing dump), 2 bad arguments or config, or dumps that
 cannot be read (one line on stderr).
 
+Each subcommand's package is imported by the function that runs it, and this module imports only the standard
+library: ``hang-report`` imports no torch (``status`` and ``preflight`` do, when they run).
+
 The report (table or JSON) is the only thing on standard output: while a command runs,
 file descriptor 1 points at standard error, so whatever a library prints there (Gloo on
 torch 2.10 and older prints ``[Gloo] Rank N is connected to M peer ranks`` from C++ each

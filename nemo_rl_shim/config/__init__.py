@@ -11,40 +11,7 @@ process group exists, so a bad value leaves nothing half-initialized (``tests/te
 
 from __future__ import annotations
 
-from nemo_rl_shim.config.settings import (
-    AUTOMODEL_CFG_KEYS,
-    FLIGHT_RECORDER_DEFAULTS,
-    LEARNED_TIMEOUTS_DEFAULTS,
-    MIN_TIMEOUT,
-    ROLES,
-    AutomodelConfig,
-    FlightRecorderSettings,
-    LearnedTimeoutsSettings,
-    Role,
-    automodel_cfg,
-    distributed_timeout_minutes,
-    distributed_timeout_minutes_after_init,
-    flight_recorder,
-    learned_timeouts,
-    minutes_timedelta,
-    patch_automodel,
-)
+from nemo_rl_shim.config import settings as _settings
+from nemo_rl_shim.config.settings import *  # noqa: F403  the names are settings' __all__, written there once
 
-__all__ = [
-    "AUTOMODEL_CFG_KEYS",
-    "FLIGHT_RECORDER_DEFAULTS",
-    "LEARNED_TIMEOUTS_DEFAULTS",
-    "MIN_TIMEOUT",
-    "ROLES",
-    "AutomodelConfig",
-    "FlightRecorderSettings",
-    "LearnedTimeoutsSettings",
-    "Role",
-    "automodel_cfg",
-    "distributed_timeout_minutes",
-    "distributed_timeout_minutes_after_init",
-    "flight_recorder",
-    "learned_timeouts",
-    "minutes_timedelta",
-    "patch_automodel",
-]
+__all__ = _settings.__all__

@@ -7,7 +7,7 @@ it too, and ranks on busy cores arrive seconds apart), rank 0 dumps, asks rank 1
 dump, and gives up on its peers (skips the collectives left). Spawned, the run ends 15 s later,
 long before ``--timeout-s``; under torchrun, rank 0 reports once its gather times out. Either way
 the text report's last line and the last line on stderr are hang-report's.
-The Ray run is in tests/ray_scenarios.py.
+The Ray run is in tests/ray_harness/scenarios.py.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def runs(tmp_path_factory) -> dict[str, dict[str, Any]]:
         "torchrun": [*torchrun, "-m", "nemo_rl_shim", "preflight", *STALL],
     }
     # Each in its own process group, killed whole at the bound and at the end: a killed command's forked
-    # ranks (children of its fork server) and torchrun's ranks go with it (tests/at_once.py).
+    # ranks (children of its fork server) and torchrun's ranks go with it (tests/harness/at_once.py).
     ended = run_at_once(
         {name: ([*command, "--flight-recorder", str(base / name)], _env()) for name, command in commands.items()},
         timeout_s=BOUND_S,

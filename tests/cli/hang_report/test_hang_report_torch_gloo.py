@@ -76,8 +76,8 @@ def _called_at(world: dict[str, Any], rank: int, call: str) -> str:
     return f" at {torch_fr.__file__}:{line} in <lambda>"
 
 
-def _report(directory: Path) -> hang_report.HangReport:
-    return hang_report.build_report(directory)
+def _report(directory: Path, *, with_torch: bool = False) -> hang_report.HangReport:
+    return hang_report.build_report(directory, with_torch=with_torch)
 
 
 def _recorded(world: dict[str, Any]) -> None:
@@ -142,7 +142,7 @@ def test_gloo_marking_the_timed_out_collective_finished_changes_nothing(worlds, 
 
 def test_torch_analyzer_fails_on_gloos_pg_config_in_one_line(worlds) -> None:
     _recorded(worlds["sub_group_stall"])
-    report = _report(worlds["sub_group_stall"]["dir"])
+    report = _report(worlds["sub_group_stall"]["dir"], with_torch=True)
     facts = report.torch
     last = hang_report.render(report).splitlines()[-1]
     if facts["outcome"] == "absent":
