@@ -8,8 +8,10 @@ pyproject.toml: by default it reorders files by their number of tests, which lea
 long-waiting files for last). Files go longest first, by the durations this suite recorded for
 each file on its last run in this checkout that did not pick tests by ``-k`` or node id (setup,
 call and teardown of every test, module fixtures included; kept in pytest's cache under
-:data:`DURATIONS_KEY`). A file not timed yet (every file, in a fresh checkout) keeps its collected
-place after the timed ones, and the Ray test goes last (its tree runs from the start, in the background).
+:data:`DURATIONS_KEY`). Files not timed yet (every file, in a fresh checkout) follow the timed ones in the
+order of their file names, whatever room they are in (the order they had when every test file sat at the top of
+``tests/``: the rooms, #34, left CI's fresh-checkout schedule as it was), and the Ray test goes last (its tree
+runs from the start, in the background).
 """
 
 from __future__ import annotations
@@ -76,11 +78,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     cache = getattr(config, "cache", None)  # absent under -p no:cacheprovider
     last_run = cache.get(DURATIONS_KEY, {}) if cache is not None else {}
 
-    def rank(item: pytest.Item) -> tuple[bool, float]:
+    def rank(item: pytest.Item) -> tuple[bool, float, str]:
         name = item.path.name
-        return name == _RAY_FILE.name, -float(last_run.get(name, 0.0))
+        return name == _RAY_FILE.name, -float(last_run.get(name, 0.0)), name
 
-    items.sort(key=rank)  # stable: within a file, and among the files not timed yet, the collected order stays
+    items.sort(key=rank)  # stable: within a file the collected order stays
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
