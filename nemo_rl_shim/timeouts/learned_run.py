@@ -38,7 +38,7 @@ import torch.distributed as dist
 from nemo_rl_shim.config import LearnedTimeoutsSettings
 from nemo_rl_shim.flight_recorder.recorder import dump_on_timeout
 from nemo_rl_shim.process_groups.registry import group_backends
-from nemo_rl_shim.timeouts.learned_rule import FIRST_STEP, LearnedState, Learning
+from nemo_rl_shim.timeouts.learned_rule import FIRST_STEP, MAX_PHASE_NAME, LearnedState, Learning
 
 __all__ = ["Learner", "SetTimeouts"]
 
@@ -124,8 +124,8 @@ class Learner:
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
         """Time one slow phase (checkpoint, refit, evaluation) under its own value: the ceiling until seen once."""
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"a phase name must be a non-empty string, got {name!r}")
+        if not isinstance(name, str) or not 0 < len(name) <= MAX_PHASE_NAME:  # as a resume reads it back
+            raise ValueError(f"a phase name must be a string of 1 to {MAX_PHASE_NAME} characters, got {name!r}"[:300])
         if self._learning is None:
             yield
             return

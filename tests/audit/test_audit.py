@@ -139,3 +139,44 @@ def test_the_cuda_half_is_read_where_a_group_has_two() -> None:
     (probe,) = audit.groups
     assert probe.backend == "cuda:nccl,cpu:gloo"
     assert readings(probe) == {"cpu": (60.0, TimeoutSource.CONFIGURED), "cuda": (OWN_S, TimeoutSource.OWN)}
+
+
+def test_the_line_counts_a_group_as_configured_only_when_every_half_is() -> None:
+    """A two-half group whose CUDA half is at torch's default: not "configured", and the line names that half; a
+    minute reads "1 min"."""
+    cpu_only = GroupAudit(
+        "0",
+        "default_pg",
+        (0, 1),
+        "cuda:nccl,cpu:gloo",
+        (
+            BackendTimeout("cpu", "gloo", 60.0, TimeoutSource.CONFIGURED),
+            BackendTimeout("cuda", "nccl", 600.0, TimeoutSource.TORCH_DEFAULT),
+        ),
+        axes=("default",),
+    )
+    both = GroupAudit("1", "mesh_tp", (0, 1), "gloo", (BackendTimeout("cpu", "gloo", 60.0, TimeoutSource.CONFIGURED),))
+    audit = GroupsAudit(rank=0, world_size=2, configured_s=60.0, groups=(cpu_only, both))
+    assert audit.line() == (
+        "process groups on rank 0 of 2: 2; configured 1 min on 1; "
+        "at torch's default: default (default_pg:0) [0-1] 10 min (cuda)"
+    )
+
+
+def test_a_group_that_two_mesh_axes_name_is_audited_under_both(world) -> None:
+    """A one-rank world: the mesh's only axis spans the world, so torch gives it the default group itself."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("tp",))
+    context = world._replace(device_mesh=mesh)
+    assert mesh.get_group("tp") is dist.group.WORLD
+    (default,) = [g for g in audit_groups(context).groups if g.group_desc == "default_pg"]
+    assert default.axes == ("default", "tp")
+    assert default.label == "default/tp (default_pg:0)"
+
+
+def test_from_json_refuses_a_boolean_rank() -> None:
+    data = json.loads(_GOOD.to_json())
+    data["rank"] = True
+    with pytest.raises(ValueError, match=r"audit\.rank must be an integer or null, got True"):
+        GroupsAudit.from_json(json.dumps(data))

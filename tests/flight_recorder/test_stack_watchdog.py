@@ -26,6 +26,9 @@ from nemo_rl_shim.flight_recorder.names import HEADER
 from nemo_rl_shim.flight_recorder.stack_watchdog import arm, armed_blocks, disarm, forget, stack_path
 
 SHORT_S = 0.2
+#: How long the GIL is held past a 0.2 s deadline: the watchdog's C thread must get a core in that time, which
+#: took more than the 1 s this was once, with two suites on 2 cores.
+GIL_HELD_S = 5
 
 
 @pytest.fixture
@@ -51,11 +54,11 @@ def _line_of(marker: str) -> int:
 def test_a_block_past_its_deadline_writes_its_stack_while_holding_the_gil(path: Path) -> None:
     token = arm(path, 5, "train step", SHORT_S)
     started = time.monotonic()
-    _hold_the_gil(1)
+    _hold_the_gil(GIL_HELD_S)
     held = time.monotonic() - started
     stack = read_stack(path, 5)  # written during the call: no Python thread could have run
     disarm(token, failed=True)
-    assert held >= 1.0
+    assert held >= GIL_HELD_S
     assert stack.fired and (stack.what, stack.after_s, stack.rank) == ("train step", SHORT_S, 5), stack
     assert stack.frames[0].function == "_hold_the_gil"
     assert stack.frames[0].line == _line_of("# the C call that keeps the GIL")
@@ -84,6 +87,22 @@ def test_nested_blocks_share_the_one_watchdog(path: Path) -> None:
     disarm(later, failed=False)
     disarm(outer, failed=False)
     assert path.read_bytes() == b""
+
+
+def test_arming_in_a_second_folder_keeps_watching_the_first(path: Path, tmp_path: Path) -> None:
+    """One stack file a process: a block armed for another folder while one is armed arms nothing, and the first
+    folder's file still gets the first block's stack."""
+    first = arm(path, 5, "outer", SHORT_S)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    assert arm(stack_path(elsewhere, 5), 5, "inner", 30) is None
+    deadline = time.monotonic() + 60  # the watchdog's thread may wait for a core on a loaded machine
+    while not read_stack(path, 5).fired and time.monotonic() < deadline:
+        time.sleep(SHORT_S)
+    stack = read_stack(path, 5)
+    disarm(first, failed=True)
+    assert stack.fired and stack.what == "outer", stack
+    assert list(elsewhere.iterdir()) == []
 
 
 def test_leaving_a_block_moves_the_watch_to_the_earliest_deadline_left(path: Path) -> None:

@@ -206,6 +206,16 @@ def test_a_group_given_its_own_value_later_keeps_it(world) -> None:
     assert registry.group_key(group) not in run_groups(world)
 
 
+def test_a_group_one_millisecond_off_the_followed_value_keeps_its_own(world) -> None:
+    """c10d keeps whole milliseconds: 1 ms off is a value of the group's own, not the followed one."""
+    later.follow(S(seconds=STARTUP_S), {"default": dist.group.WORLD})
+    group = dist.new_group()
+    setting.set_group_timeout(S(seconds=STARTUP_S, milliseconds=1), group)
+    assert set(later.group_sources(group).values()) == {later.TimeoutSource.OWN}
+    after_first_step(world)
+    assert _seconds(group) == {STARTUP_S + 0.001}
+
+
 def test_run_groups_and_current_timeouts_cover_every_follower(world) -> None:
     later.follow(S(seconds=STARTUP_S), {"default": dist.group.WORLD})
     follower, own = dist.new_group(), dist.new_group(timeout=S(seconds=OWN_S))

@@ -21,6 +21,7 @@ from nemo_rl_shim import flight_recorder
 from nemo_rl_shim.process_groups.registry import named_groups
 from nemo_rl_shim.setup.distributed import RuntimeConfig, setup_distributed
 from nemo_rl_shim.timeouts import after_first_step
+from tests.ranks.meet import rank_0_leaves_last
 
 __all__ = ["SCENARIOS", "run_scenario"]
 
@@ -48,15 +49,6 @@ def _wait_for_own_dump(timeout_s: float = _DUMP_WAIT_S) -> bool:
             return True
         time.sleep(0.1)
     return False
-
-
-def _meet(key: str) -> None:
-    """Every rank reports to the default store; rank 0, which serves it, leaves only once all have."""
-    store = dist.distributed_c10d._get_default_store()
-    store.add(key, 1)
-    end = time.monotonic() + _STORE_WAIT_S
-    while dist.get_rank() == 0 and int(store.add(key, 0)) < dist.get_world_size() and time.monotonic() < end:
-        time.sleep(0.05)
 
 
 def _collective(what: str, run: Any) -> dict[str, Any]:
@@ -142,7 +134,7 @@ def run_scenario(params: dict[str, Any]) -> dict[str, Any]:
     out = {"rank": dist.get_rank(), "stalled": dist.get_rank() == stalled, "env": _recorder_env()}
     out.update(SCENARIOS[params["scenario"]](context, stalled, params["stall_s"]))
     if params["scenario"] != "dead_rank":  # nobody to meet
-        _meet(f"done/{params['scenario']}")
+        rank_0_leaves_last(f"done/{params['scenario']}", _STORE_WAIT_S)
     return out
 
 

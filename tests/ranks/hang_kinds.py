@@ -32,6 +32,7 @@ import torch.distributed as dist
 from nemo_rl_shim.flight_recorder import recorder as flight_recorder
 from nemo_rl_shim.setup.distributed import RuntimeConfig, setup_distributed
 from nemo_rl_shim.timeouts import after_first_step
+from tests.ranks.meet import rank_0_leaves_last
 
 __all__ = ["HANG_STEP", "KINDS", "STEPS", "STUCK", "STUCK_S", "call_line", "run_kind", "stall_line"]
 
@@ -101,14 +102,6 @@ def _marked(mark: str) -> int:
     raise LookupError(f"no line of {__file__} is marked {mark!r}")
 
 
-def _meet(expected: int) -> None:
-    store = dist.distributed_c10d._get_default_store()
-    store.add("done", 1)
-    end = time.monotonic() + _MEET_S
-    while dist.get_rank() == 0 and int(store.add("done", 0)) < expected and time.monotonic() < end:
-        time.sleep(0.05)
-
-
 def run_kind(params: dict[str, Any]) -> dict[str, Any]:
     """Set up with the recorder on, run the steps of ``params["kind"]``, meet, and say what happened."""
     kind = params["kind"]
@@ -127,5 +120,5 @@ def run_kind(params: dict[str, Any]) -> dict[str, Any]:
         if step == 0:
             after_first_step(context)
     out["timeout_s"] = flight_recorder._current_timeout_s()
-    _meet(4 if kind in ("skipped", "size_mismatch") else 3)
+    rank_0_leaves_last("done", _MEET_S, expected=4 if kind in ("skipped", "size_mismatch") else 3)
     return out

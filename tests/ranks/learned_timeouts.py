@@ -23,6 +23,7 @@ from nemo_rl_shim.process_groups.registry import backend_timeouts
 from nemo_rl_shim.setup.distributed import RuntimeConfig, setup_distributed
 from nemo_rl_shim.timeouts import learned_timeouts, set_timeouts
 from nemo_rl_shim.timeouts.learned_run import Learner
+from tests.ranks.meet import rank_0_leaves_last
 
 __all__ = ["every_group", "learn_and_stall", "section"]
 
@@ -112,6 +113,7 @@ def _stalled_step(learner: Learner, stall_s: float) -> dict[str, Any]:
         outcome = {"outcome": "completed", "seconds": time.monotonic() - start}
     store.set(f"peer {rank} caught it", "1")
     store.wait(["stalled rank done"], datetime.timedelta(seconds=_STORE_WAIT_S))
+    rank_0_leaves_last("past the wait", _STORE_WAIT_S, expected=stalled)
     return {"stalled": False, "in_force_s": in_force_s, **outcome, "steps_after": learner.steps}
 
 

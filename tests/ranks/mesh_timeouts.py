@@ -21,6 +21,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from tests.ranks.meet import rank_0_leaves_last
+
 __all__ = [
     "CUDA_STAND_IN",
     "after_build",
@@ -120,6 +122,7 @@ def after_build(params: dict[str, Any]) -> dict[str, Any]:
     store = dist.distributed_c10d._get_default_store()
     store.set(f"left the stall {dist.get_rank()}", "1")
     store.wait([f"left the stall {r}" for r in range(dist.get_world_size())], datetime.timedelta(seconds=_STORE_WAIT_S))
+    rank_0_leaves_last("past the wait", _STORE_WAIT_S)
     dist.destroy_process_group()
     return out
 

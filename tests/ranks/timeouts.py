@@ -21,6 +21,7 @@ from nemo_rl_shim.process_groups.registry import backend_timeouts, flattened_axe
 from nemo_rl_shim.setup.distributed import DistributedContext, RuntimeConfig, setup_distributed
 from nemo_rl_shim.timeouts import after_first_step, extended_timeout, run_groups, set_group_timeout
 from tests.ranks.fresh_group import forget_meshes, move_to_fresh_port
+from tests.ranks.meet import rank_0_leaves_last
 
 __all__ = ["DISTINCT_BASE_S", "mesh_groups", "phase_readings", "section", "stall_outcomes", "stalled_all_reduce"]
 
@@ -182,6 +183,7 @@ def _stall_last(group: ProcessGroup, stall_s: float, stalled_rank: int) -> dict[
         return outcome
     outcome = stalled_all_reduce(group, stall_s, stalled_rank)
     store.wait(["stalled rank done"], datetime.timedelta(seconds=_STORE_WAIT_S))
+    rank_0_leaves_last("past the wait", _STORE_WAIT_S, expected=dist.get_world_size() - 1)
     return outcome
 
 

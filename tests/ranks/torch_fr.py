@@ -25,13 +25,29 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from tests.ranks.meet import rank_0_leaves_last
+
 __all__ = ["SCENARIOS", "run_scenario"]
 
 _MEET_S = 120
+#: Every group's timeout while it connects: Gloo's full mesh of 4 ranks took more than a 3 s scenario timeout with
+#: two suites on 2 cores, and a rank failed before the scenario began. Each group gets the scenario's own, short,
+#: timeout as soon as it is connected (:func:`_connected`), before its first collective.
+_CONNECT_S = 120
 
 
 def _timeout(params: dict[str, Any]) -> datetime.timedelta:
     return datetime.timedelta(seconds=params["timeout_s"])
+
+
+def _connected(group: Any, params: dict[str, Any]) -> Any:
+    """``group``, now connected, at the scenario's timeout (torch's setter reaches every backend of it); a group this
+    rank is not in is returned as it is."""
+    if group is dist.GroupMember.NON_GROUP_MEMBER:
+        return group
+    setter = getattr(dist, "set_timeout", None) or dist.distributed_c10d._set_pg_timeout  # set_timeout: torch 2.15
+    setter(_timeout(params), group)
+    return group
 
 
 def _try(run: Callable[[], Any]) -> str:
@@ -46,7 +62,7 @@ def _try(run: Callable[[], Any]) -> str:
 def _new_group(ranks: list[int], params: dict[str, Any], desc: str | None = None) -> Any:
     """``new_group``, with ``group_desc`` where this torch takes one (torch then writes it in every entry)."""
     extra = {"group_desc": desc} if desc and "group_desc" in inspect.signature(dist.new_group).parameters else {}
-    return dist.new_group(ranks, timeout=_timeout(params), **extra)
+    return _connected(dist.new_group(ranks, timeout=datetime.timedelta(seconds=_CONNECT_S), **extra), params)
 
 
 def _stay_out(params: dict[str, Any], what: str = "never entered") -> str:
@@ -169,19 +185,29 @@ def _dump(rank: int) -> str:
     return f"{prefix}{rank}"
 
 
+def _meeting_store(rank: int, world: int) -> Any:
+    """A store of the ranks' own, served by rank 0 on a port it bound itself (port 0: no other process can take it
+    between a pick and the bind), told to its peers through the default group's store."""
+    rendezvous = dist.distributed_c10d._get_default_store()
+    timeout = datetime.timedelta(seconds=_MEET_S)
+    if rank == 0:
+        store = dist.TCPStore("127.0.0.1", 0, world, True, timeout=timeout, wait_for_workers=False)
+        rendezvous.set("torch_fr_meet_port", str(store.port))
+        return store
+    port = int(rendezvous.get("torch_fr_meet_port"))
+    return dist.TCPStore("127.0.0.1", port, world, False, timeout=timeout)
+
+
 def run_scenario(params: dict[str, Any]) -> dict[str, Any]:
-    """Init the default group (Gloo, ``timeout_s``), run ``params["scenario"]``, dump, meet, return what happened."""
+    """Init the default group (Gloo, ``timeout_s`` once connected), run ``params["scenario"]``, dump, meet, return
+    what happened."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=_timeout(params))
-    store = dist.TCPStore(
-        "127.0.0.1", params["meet_port"], world, rank == 0, timeout=datetime.timedelta(seconds=_MEET_S)
-    )
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=_CONNECT_S))
+    store = _meeting_store(rank, world)
+    _connected(dist.group.WORLD, params)
     out: dict[str, Any] = {"rank": rank, "torch": torch.__version__}
     out.update(SCENARIOS[params["scenario"]](params))
     out["dump"] = _dump(rank)
-    store.add("done", 1)
-    end = time.monotonic() + _MEET_S
     alive = world - (1 if params["scenario"] == "dead_rank" else 0)
-    while rank == 0 and int(store.add("done", 0)) < alive and time.monotonic() < end:
-        time.sleep(0.05)
+    rank_0_leaves_last("done", _MEET_S, expected=alive, store=store)
     return out

@@ -19,7 +19,7 @@ import torch.distributed as dist
 from nemo_rl_shim.config import LearnedTimeoutsSettings
 from nemo_rl_shim.setup.distributed import DistributedContext
 from nemo_rl_shim.timeouts import learned_run, learned_timeouts
-from nemo_rl_shim.timeouts.learned_rule import FIRST_STEP
+from nemo_rl_shim.timeouts.learned_rule import FIRST_STEP, MAX_PHASE_NAME
 from nemo_rl_shim.timeouts.learned_run import Learner
 
 SETTINGS = LearnedTimeoutsSettings(ceiling_minutes=1.0, factor=5.0, min_steps=3, floor_minutes=0.5 / 60)
@@ -185,8 +185,9 @@ def test_steps_and_phases_do_not_nest_and_the_learner_stays_usable(events, clock
         pass
     with pytest.raises(RuntimeError, match="load_state_dict inside step"), learner.step():
         learner.load_state_dict(learner.state_dict())
-    with pytest.raises(ValueError, match="a phase name must be a non-empty string, got ''"), learner.phase(""):
-        pass
+    with pytest.raises(ValueError, match="a phase name must be a string of 1 to 200 characters, got ''"):
+        with learner.phase(""):
+            pass
     _steps(learner, clock, [1.0, 1.0, 1.0])
     assert learner.steps == 6
 
@@ -224,3 +225,25 @@ def test_every_lowering_follows_an_all_reduce_or_a_barrier(events, clock):
         if seconds < applied:
             assert barrier or events[i - 1][0] == "all_reduce", (i, events)
         applied = seconds
+
+
+def test_load_state_dict_sets_and_waits_even_where_this_rank_already_holds_the_value(events, clock):
+    """A rank already at the loaded value still sets it behind the barrier: its peers, lowering from the start-up
+    value, wait in that barrier for every rank."""
+    learner = _learned(events, clock)
+    learner.load_state_dict(learner.state_dict())
+    assert events == [("set", 10.0, True)]
+
+
+def test_a_phase_name_a_resume_reads_back_is_one_the_run_takes(events, clock):
+    """The longest name a run takes is one its saved state loads again; one longer is refused at the phase."""
+    learner = _learned(events, clock)
+    longest = "p" * MAX_PHASE_NAME
+    with learner.phase(longest):
+        clock.now += 2.0
+    resumed = _learner(events)
+    resumed.load_state_dict(json.loads(json.dumps(learner.state_dict())))
+    assert resumed.phases[longest] == learner.phases[longest]
+    with pytest.raises(ValueError, match="a phase name must be a string of 1 to 200 characters"):
+        with learner.phase(longest + "p"):
+            pass

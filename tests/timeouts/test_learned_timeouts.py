@@ -28,7 +28,7 @@ PARAMS = {
     "floor": 0.01,
     "first_s": 1.0,
     "step_s": 0.4,
-    "long_step_s": 0.4,
+    "long_step_s": 1.0,  # rank 0's long step: far above a peer's jitter on a loaded machine
     "phase_extra_s": 1.0,
     "stall_s": 60.0,
 }
@@ -107,9 +107,11 @@ def test_a_longer_step_raises_that_rank_at_once_and_the_next_agreement_evens_the
     assert rank0["in_force_s"] >= PARAMS["factor"] * (PARAMS["step_s"] + PARAMS["long_step_s"]) - MS
     assert rank0["agreed_minutes"] * 60 == pytest.approx(learned_s, abs=MS)  # raised alone: nothing agreed yet
     # The peers did not take rank 0's long step: each kept the agreed value, or raised it only by its own step's
-    # jitter on a loaded machine (a 0.4 s step that took a few ms longer than every step agreed on so far).
+    # jitter on a loaded machine (a 0.4 s step that took longer than every step agreed on so far: 0.1 s and more at
+    # a load of 60 on 2 cores). Up to 0.5 s of jitter passes; rank 0's step was 1 s longer (more would put the slow
+    # phase's learned value above the 1 min ceiling).
     peers = [rank["raised_alone"]["in_force_s"] for rank in ranks[1:]]
-    own_step_at_most = PARAMS["factor"] * (PARAMS["step_s"] + PARAMS["long_step_s"] / 4)
+    own_step_at_most = PARAMS["factor"] * (PARAMS["step_s"] + PARAMS["long_step_s"] / 2)
     assert all(learned_s - MS <= peer <= own_step_at_most for peer in peers), (peers, learned_s, own_step_at_most)
     agreed = {_one_value(rank["agreed_again"]["groups"]) for rank in ranks}
     assert len(agreed) == 1, f"ranks disagree after the agreement: {agreed}"

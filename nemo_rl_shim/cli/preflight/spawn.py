@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import random
 import socket
 import subprocess
 import tempfile
@@ -65,11 +66,15 @@ __all__ = [
     "cpu_rank_limit",
     "free_port",
     "launcher_env",
+    "says_port_taken",
     "spawn_ranks",
 ]
 
 #: Starts of one run when the rendezvous port is taken between picking it and binding it.
 PORT_ATTEMPTS = 3
+#: Where :func:`free_port` picks: below Linux's default ephemeral range (32768-60999), and above most services.
+LISTEN_PORTS = range(20000, 32768)
+_PORT_PICKS = 64
 #: What every spawned preflight rank runs (JSON in, JSON out: :func:`~.rank_checks.check_rank_json`).
 RANK_TARGET = f"{rank_checks.__name__}:{rank_checks.check_rank_json.__name__}"
 #: Memory one spawned CPU rank needs: its peak resident set, measured at 848 MiB (torch 2.15, nemo-automodel
@@ -110,8 +115,34 @@ class RanksFailed(RuntimeError):
         super().__init__("\n".join(lines) or "ranks failed")
 
 
+def _ephemeral_ports() -> range:
+    """The kernel's ephemeral range (``ip_local_port_range``): where ``bind(0)`` and every outgoing connection (Gloo
+    opens many) take their ports."""
+    try:
+        low, high = (int(v) for v in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        return range(32768, 61000)  # Linux's default
+    return range(low, high + 1)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on ``host`` (default the loopback interface; ``""`` for every interface)."""
+    """A TCP port free on ``host`` now (default the loopback interface; ``""`` for every interface), for a listener
+    that binds it a moment later.
+
+    Picked at random from :data:`LISTEN_PORTS`, outside the kernel's ephemeral range, so that no ``bind(0)`` and no
+    outgoing connection (of this machine's other work, or of Gloo's own full mesh) can take it in between: only an
+    explicit bind to the same number can, and a caller that meets it retries (:func:`spawn_ranks`). Where the
+    ephemeral range covers them all, a port the kernel picks, as before.
+    """
+    ephemeral = _ephemeral_ports()
+    candidates = [port for port in LISTEN_PORTS if port not in ephemeral]
+    for port in random.SystemRandom().sample(candidates, min(_PORT_PICKS, len(candidates))):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue  # taken now
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
@@ -206,14 +237,15 @@ def _wait(
         time.sleep(0.05)
 
 
-def _says_port_taken(text: str) -> bool:
+def says_port_taken(text: str) -> bool:
+    """Whether ``text`` (a rank's error or log) says another process held the port it meant to bind."""
     lowered = text.lower()
     return "eaddrinuse" in lowered or "address already in use" in lowered
 
 
 def _lost_the_port(results: list[RankResult]) -> bool:
     """Whether a rank failed because another process took the rendezvous port first."""
-    return any(_says_port_taken(f"{r.error or ''} {r.output}") for r in results if not r.ok)
+    return any(says_port_taken(f"{r.error or ''} {r.output}") for r in results if not r.ok)
 
 
 def _spawn_once(
@@ -240,7 +272,7 @@ def _spawn_once(
 
         def lost_port(rank: int) -> bool:
             result = out / f"rank{rank}.json"
-            return result.exists() and _says_port_taken(result.read_text(errors="replace"))
+            return result.exists() and says_port_taken(result.read_text(errors="replace"))
 
         def rank_gave_up(rank: int) -> str | None:
             result = out / f"rank{rank}.json"

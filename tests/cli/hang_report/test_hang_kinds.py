@@ -36,7 +36,8 @@ from tests.ranks.hang_kinds import KINDS, STUCK, call_line, stall_line
 
 pytestmark = [pytest.mark.multiprocess]
 
-STARTUP_MIN, STEADY_MIN = 0.2, 0.05
+#: Start-up at 1 min: room for 20 ranks (five worlds at once) to connect and run a first step on a loaded machine.
+STARTUP_MIN, STEADY_MIN = 1.0, 0.05
 STEADY_S = STEADY_MIN * 60
 SPAWN_TIMEOUT_S = 240
 #: How long the test waits for a stuck rank's stack (the watchdog writes it STEADY_S + STACK_GRACE_S into the step).
@@ -117,6 +118,8 @@ def _result(world: dict[str, Any], rank: int) -> dict[str, Any]:
     return result.result
 
 
+#: What Gloo says to a rank waiting on a peer that never comes: its own timeout, or a peer's (the peer closed its end).
+_PEER_GAVE_UP = ("Timed out", "Connection closed by peer")
 #: The default group as the report labels it on this 4-rank, tp=1 mesh.
 _DEFAULT = r"default \(also [^)]*\), ranks 0-3"
 _STALLING = {"python_sleep": "_python_sleep", "gil_c_call": "_c_call_holding_the_gil"}
@@ -142,7 +145,10 @@ def test_the_worlds_ran_as_intended(kinds) -> None:
         assert world["results"][3].returncode == -signal.SIGKILL, (kind, world["results"][3])
         for rank in (0, 1, 2):
             result = _result(world, rank)
-            assert result["failed_step"] == hang_kinds.HANG_STEP and "Timed out" in result["error"], result
+            assert result["failed_step"] == hang_kinds.HANG_STEP, result
+            # its own timeout, or a peer that timed out first and closed the connection (a rank that entered the
+            # collective later than its peers, on a loaded machine)
+            assert any(words in result["error"] for words in _PEER_GAVE_UP), result
             assert result["timeout_s"] == STEADY_S, result
     dumped = {kind: sorted(p.name for p in kinds[kind]["dir"].glob(f"{DUMP_FILE_NAME}*")) for kind in KINDS}
     assert dumped["python_sleep"] == [f"{DUMP_FILE_NAME}{r}" for r in range(4)], "rank 3's watcher dumped when asked"

@@ -19,7 +19,7 @@ import pytest
 
 from nemo_rl_shim.cli import hang_report
 from nemo_rl_shim.cli.main import main
-from nemo_rl_shim.cli.preflight.spawn import free_port, spawn_ranks
+from nemo_rl_shim.cli.preflight.spawn import spawn_ranks
 from tests.ranks import torch_fr
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.every_lane]
@@ -32,7 +32,7 @@ PREFIX = "nccl_trace_rank_"
 
 def _world(tmp_path_factory: pytest.TempPathFactory, scenario: str, **extra: Any) -> dict[str, Any]:
     directory = tmp_path_factory.mktemp(scenario)
-    params = {"scenario": scenario, "timeout_s": TIMEOUT_S, "grace_s": GRACE_S, "meet_port": free_port(), **extra}
+    params = {"scenario": scenario, "timeout_s": TIMEOUT_S, "grace_s": GRACE_S, **extra}
     env = {
         "TORCH_FR_BUFFER_SIZE": str(BUFFER),
         "TORCH_FR_DUMP_TEMP_FILE": str(directory / PREFIX),

@@ -38,6 +38,25 @@ def test_a_taken_rendezvous_port_is_retried_on_a_fresh_one(monkeypatch: pytest.M
     assert len(picks) == 3, f"expected one lost port, then one retry: {picks}"
 
 
+def test_a_picked_port_is_free_and_outside_the_kernels_ephemeral_range() -> None:
+    """No bind(0) and no outgoing connection (Gloo's full mesh, the machine's other work) can take it before use."""
+    ephemeral = spawn._ephemeral_ports()
+    picks = {spawn.free_port() for _ in range(20)}
+    assert not any(port in ephemeral for port in picks), (picks, ephemeral)
+    assert picks <= set(spawn.LISTEN_PORTS) and len(picks) > 1, picks  # at random: two suites rarely pick alike
+    for port in picks:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", port))
+
+
+def test_where_the_ephemeral_range_covers_every_listen_port_the_kernel_picks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(spawn, "_ephemeral_ports", lambda: range(1, 65536))
+    port = spawn.free_port()
+    assert 0 < port < 65536
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", port))
+
+
 def test_a_real_failure_is_not_retried() -> None:
     results = spawn.spawn_ranks("tests.ranks.fresh_group:no_such_function", {}, world_size=1, timeout_s=60, check=False)
     (result,) = results
