@@ -7,7 +7,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from nemo_rl_shim.cli.preflight.spawn import free_port
+from nemo_rl_shim.cli.preflight.rendezvous import bind_rendezvous
 
 __all__ = ["device_mesh_facts", "forget_meshes", "move_to_fresh_port", "rendezvous", "stall_or_report"]
 
@@ -16,11 +16,12 @@ def move_to_fresh_port() -> int:
     """Agree on a fresh ``MASTER_PORT`` for the next default group, over the current one; call on every rank.
 
     Call it before ``destroy_process_group``. Re-using the old port can hang (a
-    rank meets the store that a peer has not closed yet), and ports picked long
-    in advance can be taken meanwhile by the ephemeral sockets Gloo opens: rank 0
-    picks one now, and every rank learns it over the group that still exists.
+    rank meets the store that a peer has not closed yet), and a port picked free
+    can be taken before it is bound: rank 0 binds the next world's store now
+    (:func:`~nemo_rl_shim.cli.preflight.rendezvous.bind_rendezvous`), and every rank
+    learns its port over the group that still exists.
     """
-    port = [free_port() if dist.get_rank() == 0 else None]
+    port = [bind_rendezvous(dist.get_world_size()) if dist.get_rank() == 0 else None]
     dist.broadcast_object_list(port, src=0)
     os.environ["MASTER_PORT"] = str(port[0])
     return int(port[0])

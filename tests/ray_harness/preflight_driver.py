@@ -26,9 +26,13 @@ def this_runs_leftovers() -> dict[str, Any]:
     import ray
     from ray.util.state import list_actors, list_placement_groups
 
-    tag = ray.get_runtime_context().namespace
-    actors = [a for a in list_actors(limit=10_000) if (a.name or "").startswith(tag)]
-    groups = [g for g in list_placement_groups(limit=10_000) if (g.name or "").startswith(tag)]
+    context = ray.get_runtime_context()
+    tag = context.namespace
+    # The connected head's address, not Ray's "auto": that scans this machine's processes, and finds every other
+    # suite's (or job's) head too ("Found multiple active Ray instances"), whatever network namespace they live in.
+    where = {"address": context.gcs_address, "limit": 10_000}
+    actors = [a for a in list_actors(**where) if (a.name or "").startswith(tag)]
+    groups = [g for g in list_placement_groups(**where) if (g.name or "").startswith(tag)]
     return {
         "tag": tag,
         "actors": [{"name": a.name, "state": a.state} for a in actors],

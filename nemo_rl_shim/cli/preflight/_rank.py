@@ -9,6 +9,8 @@ import os
 import sys
 import traceback
 
+from nemo_rl_shim.cli.preflight.rendezvous import take_rendezvous_port
+
 __all__ = ["main"]
 
 
@@ -17,6 +19,7 @@ def _run(target: str, params_path: str) -> tuple[dict, int]:
     try:
         with open(params_path, encoding="utf-8") as handle:
             params = json.load(handle)
+        take_rendezvous_port()
         result = getattr(importlib.import_module(module_name), function_name)(params)
     except BaseException:  # every failure, SystemExit included, is reported to the parent
         return {"error": traceback.format_exc()}, 1

@@ -42,6 +42,7 @@ from typing import Any
 from nemo_rl_shim.cli.preflight import rank_checks
 from nemo_rl_shim.cli.preflight._fork_server import fork_context, start_rank
 from nemo_rl_shim.cli.preflight.options import PreflightOptions
+from nemo_rl_shim.cli.preflight.rendezvous import PORT_FILE_ENV
 from nemo_rl_shim.cli.preflight.results import RankFailed, RankOutcome, gave_up_on_peers, outcome_from_json
 from nemo_rl_shim.cli.preflight.runner import (
     PROGRESS_EVERY_S,
@@ -66,12 +67,9 @@ __all__ = [
     "cpu_rank_limit",
     "free_port",
     "launcher_env",
-    "says_port_taken",
     "spawn_ranks",
 ]
 
-#: Starts of one run when the rendezvous port is taken between picking it and binding it.
-PORT_ATTEMPTS = 3
 #: Where :func:`free_port` picks: below Linux's default ephemeral range (32768-60999), and above most services.
 LISTEN_PORTS = range(20000, 32768)
 _PORT_PICKS = 64
@@ -158,10 +156,13 @@ def launcher_env(rank: int, world_size: int, port: int) -> dict[str, str]:
     }
 
 
-def _rank_env(rank: int, world_size: int, port: int, extra: Mapping[str, str] | None) -> dict[str, str]:
+def _rank_env(rank: int, world_size: int, port_file: Path, extra: Mapping[str, str] | None) -> dict[str, str]:
+    """The launcher's variables, with the port left to rank 0 (:mod:`~.rendezvous`): ``MASTER_PORT`` is set in the
+    rank, from ``port_file``, before its target runs."""
     env = dict(os.environ)
     env.update(extra or {})
-    env.update(launcher_env(rank, world_size, port))
+    env.update(launcher_env(rank, world_size, 0))
+    env[PORT_FILE_ENV] = str(port_file)
     env.setdefault("OMP_NUM_THREADS", "1")
     return env
 
@@ -186,12 +187,11 @@ def _kill(processes: list[subprocess.Popen]) -> None:
         process.wait()
 
 
-def _trigger(codes: list[int | None], at_once: Callable[[int], bool], gave_up: Callable[[int], str | None],
-             grace: Grace) -> None:  # fmt: skip
+def _trigger(codes: list[int | None], gave_up: Callable[[int], str | None], grace: Grace) -> None:
     """Start ``grace`` if a rank has failed or given up; a failed rank comes before one that gave up."""
     for rank, code in enumerate(codes):
         if code not in (None, 0):
-            grace.start(f"rank {rank} failed (exit {code})", at_once=at_once(rank))
+            grace.start(f"rank {rank} failed (exit {code})")
             return
     for rank, code in enumerate(codes):
         why = gave_up(rank) if code == 0 else None
@@ -204,16 +204,14 @@ def _wait(
     processes: list[Any],
     timeout_s: float,
     on_tick: Callable[[float], None] | None,
-    at_once: Callable[[int], bool] = lambda rank: False,
     gave_up: Callable[[int], str | None] = lambda rank: None,
     grace: Grace | None = None,
 ) -> tuple[bool, dict[int, str]]:
     """Wait for every process; end them all on the deadline, or when the grace after a rank that failed or gave up
     on its peers is over. Returns whether the deadline hit, and why each rank killed before it was killed.
 
-    A failure for which ``at_once(rank)`` is true (a lost rendezvous port) ends the others at
-    once: they can only be waiting for a peer that will never come. ``grace`` (a fresh
-    :class:`~nemo_rl_shim.cli.preflight.stuck.Grace` by default) keeps the time, deadline included.
+    ``grace`` (a fresh :class:`~nemo_rl_shim.cli.preflight.stuck.Grace` by default) keeps the time, deadline
+    included.
     """
     grace = grace or Grace()
     start = grace.clock()
@@ -223,7 +221,7 @@ def _wait(
         if all(code is not None for code in codes):
             return False, {}
         if not grace.started:
-            _trigger(codes, at_once, gave_up, grace)
+            _trigger(codes, gave_up, grace)
         now = grace.clock()
         if now - start > timeout_s:
             _kill(processes)
@@ -237,17 +235,6 @@ def _wait(
         time.sleep(0.05)
 
 
-def says_port_taken(text: str) -> bool:
-    """Whether ``text`` (a rank's error or log) says another process held the port it meant to bind."""
-    lowered = text.lower()
-    return "eaddrinuse" in lowered or "address already in use" in lowered
-
-
-def _lost_the_port(results: list[RankResult]) -> bool:
-    """Whether a rank failed because another process took the rendezvous port first."""
-    return any(says_port_taken(f"{r.error or ''} {r.output}") for r in results if not r.ok)
-
-
 def _spawn_once(
     target: str,
     params: Any,
@@ -255,7 +242,6 @@ def _spawn_once(
     timeout_s: float,
     env: Mapping[str, str] | None,
     on_tick: Callable[[float], None] | None,
-    port: int,
     fork: bool | None = None,
     gave_up: Callable[[Any], str | None] | None = None,
 ) -> list[RankResult]:
@@ -268,11 +254,7 @@ def _spawn_once(
             log = open(out / f"rank{rank}.log", "w+b")  # noqa: SIM115 - closed below
             logs.append(log)
             argv = [target, str(out / "params.json"), str(out / f"rank{rank}.json")]
-            processes.append(start_rank(context, argv, _rank_env(rank, world_size, port, env), log))
-
-        def lost_port(rank: int) -> bool:
-            result = out / f"rank{rank}.json"
-            return result.exists() and says_port_taken(result.read_text(errors="replace"))
+            processes.append(start_rank(context, argv, _rank_env(rank, world_size, out / "port", env), log))
 
         def rank_gave_up(rank: int) -> str | None:
             result = out / f"rank{rank}.json"
@@ -281,7 +263,7 @@ def _spawn_once(
             return gave_up(json.loads(result.read_text()).get("result"))
 
         try:
-            timed_out, killed = _wait(processes, timeout_s, on_tick, lost_port, rank_gave_up)
+            timed_out, killed = _wait(processes, timeout_s, on_tick, rank_gave_up)
         finally:
             _kill(processes)
         results = []
@@ -333,19 +315,12 @@ def spawn_ranks(
     Every rank is killed at ``timeout_s``. With ``check`` (default), any failed
     or timed-out rank raises :class:`RanksFailed` naming each rank's error.
 
-    The rendezvous port is picked free just before the ranks start, and a rank binds it
-    a moment later: another process can take it in between (Gloo opens ports of its own
-    all the time). A run that fails on exactly that ("address already in use") is started
-    again on a fresh port, up to :data:`PORT_ATTEMPTS` times, within the same ``timeout_s``.
+    The rendezvous port is rank 0's to bind (:mod:`~.rendezvous`): no other process, and no other world, can take
+    it between a pick and a bind.
     """
     if world_size < 1:
         raise ValueError(f"world_size must be at least 1, got {world_size}")
-    deadline = time.monotonic() + timeout_s
-    for _ in range(PORT_ATTEMPTS):
-        remaining = max(1.0, deadline - time.monotonic())
-        results = _spawn_once(target, params, world_size, remaining, env, on_tick, free_port(), fork, gave_up)
-        if not _lost_the_port(results):
-            break
+    results = _spawn_once(target, params, world_size, timeout_s, env, on_tick, fork, gave_up)
     if check and not all(r.ok for r in results):
         raise RanksFailed(results)
     return results

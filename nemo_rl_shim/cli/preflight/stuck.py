@@ -40,28 +40,26 @@ def ranks_named(ranks: Iterable[int]) -> str:
 class Grace:
     """The grace after a failure: started once, by the first rank that fails or gives up; ended ``seconds`` later.
 
-    :meth:`start` records the cause (``"rank 0 failed (exit 1)"``); a cause that ends the others
-    ``at_once`` (a lost rendezvous port: they can only be waiting for a peer that will never come)
-    gives no grace. :meth:`remaining` and :meth:`over` are what a runner waits on; :attr:`why` is
-    the reason given for every rank it then ends, with the same ``seconds`` the wait used.
+    :meth:`start` records the cause (``"rank 0 failed (exit 1)"``). :meth:`remaining` and :meth:`over` are what a
+    runner waits on; :attr:`why` is the reason given for every rank it then ends, with the same ``seconds`` the wait
+    used.
     """
 
     seconds: float = FAILURE_GRACE_S
     clock: Callable[[], float] = field(default=time.monotonic, repr=False)
     cause: str | None = None
-    at_once: bool = False
     ends_at: float | None = None
 
     @property
     def started(self) -> bool:
         return self.ends_at is not None
 
-    def start(self, cause: str, *, at_once: bool = False) -> None:
+    def start(self, cause: str) -> None:
         """Start the grace for ``cause``; a grace already started keeps its first cause and end."""
         if self.started:
             return
-        self.cause, self.at_once = cause, at_once
-        self.ends_at = self.clock() + (0.0 if at_once else self.seconds)
+        self.cause = cause
+        self.ends_at = self.clock() + self.seconds
 
     def remaining(self) -> float:
         """Seconds until the grace ends (infinite before it starts, 0 once it is over)."""
@@ -75,11 +73,7 @@ class Grace:
         """Why a rank was ended: ``"still running 15 s after rank 0 failed (exit 1)"``; None before the grace."""
         if self.cause is None:
             return None
-        return (
-            f"still running when {self.cause}"
-            if self.at_once
-            else f"still running {self.seconds:g} s after {self.cause}"
-        )
+        return f"still running {self.seconds:g} s after {self.cause}"
 
 
 def past_deadline(ranks: Iterable[int], timeout_s: float, where: str = STUCK) -> str:

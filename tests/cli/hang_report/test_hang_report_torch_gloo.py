@@ -90,6 +90,10 @@ def _recorded(world: dict[str, Any]) -> None:
 
 
 def test_the_worlds_ran_as_intended(worlds) -> None:
+    for name, world in worlds.items():
+        failed = {rank: world["errors"][rank] for rank, result in world["results"].items() if result is None}
+        expected = {1} if name == "dead_rank" else set()
+        assert set(failed) == expected, (name, failed)
     stall = worlds["sub_group_stall"]["results"]
     assert stall[3]["step2"] == "never entered" and stall[2]["step2"].startswith("raised: "), stall
     assert "Timed out" in stall[2]["step2"]

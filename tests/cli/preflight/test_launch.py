@@ -1,17 +1,17 @@
-"""The local rank launcher: how a run ends, and a rendezvous port lost to a race costs a retry, not a run.
+"""The local rank launcher: how a run ends, and where its ranks meet (a port rank 0 binds itself).
 
-Real ranks (real processes; on gloo where they meet). For the port race, the one thing arranged
-is the race itself: the port picker's first answer is a port this test holds bound (as Gloo's
-own ephemeral sockets sometimes do), and only the picker is replaced, for that one call.
+Real ranks (real processes; on gloo where they meet).
 """
 
 from __future__ import annotations
 
+import os
 import socket
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from nemo_rl_shim.cli.preflight import spawn
+from nemo_rl_shim.cli.preflight import rendezvous, spawn
 from nemo_rl_shim.cli.preflight.results import gave_up_on_peers
 from nemo_rl_shim.cli.preflight.stuck import FAILURE_GRACE_S
 
@@ -19,23 +19,24 @@ __all__: list[str] = []
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.every_lane]
 
+RENDEZVOUS = "tests.ranks.fresh_group:rendezvous"
 
-def test_a_taken_rendezvous_port_is_retried_on_a_fresh_one(monkeypatch: pytest.MonkeyPatch) -> None:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen(1)
-        picks = [taken.getsockname()[1]]
-        real_free_port = spawn.free_port
 
-        def picker() -> int:
-            picks.append(real_free_port())
-            return picks[-2] if len(picks) == 2 else picks[-1]
+def test_rank_0_binds_the_rendezvous_port_and_two_worlds_at_once_each_meet_on_their_own() -> None:
+    """Each world's rank 0 binds a port the kernel picks before its peers learn it: no world can take another's."""
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        worlds = list(pool.map(lambda n: spawn.spawn_ranks(RENDEZVOUS, {}, world_size=n, timeout_s=180), (2, 3)))
+    ports = [{r.result["port"] for r in results} for results in worlds]
+    assert [len(p) for p in ports] == [1, 1] and ports[0] != ports[1], ports
+    assert [[r.result["sum"] for r in results] for results in worlds] == [[2.0, 2.0], [3.0, 3.0, 3.0]]
+    assert all(port in spawn._ephemeral_ports() for (port,) in ports), ports  # the kernel's pick, not free_port's
 
-        monkeypatch.setattr(spawn, "free_port", picker)
-        results = spawn.spawn_ranks("tests.ranks.fresh_group:rendezvous", {}, world_size=2, timeout_s=180)
-    assert [r.result["sum"] for r in results] == [2.0, 2.0]
-    assert {r.result["port"] for r in results} == {picks[-1]} != {picks[0]}, picks
-    assert len(picks) == 3, f"expected one lost port, then one retry: {picks}"
+
+def test_a_rank_told_no_port_file_keeps_the_launchers_port(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(rendezvous.PORT_FILE_ENV, raising=False)
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    assert rendezvous.take_rendezvous_port() is None
+    assert os.environ["MASTER_PORT"] == "29500"
 
 
 def test_a_picked_port_is_free_and_outside_the_kernels_ephemeral_range() -> None:

@@ -33,7 +33,7 @@ from nemo_rl_shim.cli.preflight.ray_actors import bundle_of, plan_note, plan_ray
 from nemo_rl_shim.cli.preflight.report import COLUMNS, find_problems
 from nemo_rl_shim.cli.preflight.results import GroupRow, OffloadCheck, RankChecked, RankFailed
 from nemo_rl_shim.cli.preflight.runner import RankLimit, RankPlan, Runner, plan_ranks
-from nemo_rl_shim.cli.preflight.spawn import PORT_ATTEMPTS, free_port, says_port_taken
+from nemo_rl_shim.cli.preflight.spawn import free_port
 from tests.harness.at_once import Finished, run_at_once
 from tests.harness.paths import REPO_ROOT
 
@@ -117,6 +117,16 @@ def _worlds_on_fresh_ports(config: Path) -> dict[str, tuple[list[str], dict[str,
         "srun0": (no_patch, _srun_env(0, srun_port)),
         "srun1": (no_patch, _srun_env(1, srun_port)),
     }
+
+
+#: Starts of a torchrun or srun-style world: a launcher of their own picks the port, and another process can take it
+#: before their rank 0 (torchrun's agent) binds it.
+PORT_ATTEMPTS = 3
+
+
+def says_port_taken(text: str) -> bool:
+    lowered = text.lower()
+    return "eaddrinuse" in lowered or "address already in use" in lowered
 
 
 def _lost_their_port(runs: dict[str, Finished]) -> set[str]:
@@ -611,9 +621,6 @@ def test_the_grace_ends_exactly_the_seconds_its_line_names_after_the_first_cause
     assert not grace.over()
     now[0] = 100.0 + FAILURE_GRACE_S
     assert grace.over() and grace.remaining() == 0.0
-    at_once = Grace(clock=lambda: now[0])
-    at_once.start("rank 0 failed (exit 1)", at_once=True)
-    assert at_once.over() and at_once.why == "still running when rank 0 failed (exit 1)"
 
 
 class _Process:
