@@ -34,12 +34,12 @@ from typing import Any
 
 from nemo_rl_shim.cli.hang_report import torch_analyzer
 from nemo_rl_shim.cli.hang_report.analysis import Analysis, Finding, GroupState, analyse
+from nemo_rl_shim.cli.hang_report.kinds import Kind, classify
 from nemo_rl_shim.cli.hang_report.loader import DumpError, RankDump, load_dumps
+from nemo_rl_shim.cli.hang_report.progress import Progress, judge_all
 from nemo_rl_shim.cli.hang_report.render import render_text, report_json
 from nemo_rl_shim.cli.hang_report.stacks import RankStack, load_stacks
-from nemo_rl_shim.cli.hang_report.where import finding_line, stalled_line
 from nemo_rl_shim.flight_recorder.names import DUMP_FILE_NAME
-from nemo_rl_shim.one_line.rank_ranges import format_ranks
 
 __all__ = [
     "EXIT_AGREE",
@@ -50,6 +50,8 @@ __all__ = [
     "Finding",
     "GroupState",
     "HangReport",
+    "Kind",
+    "Progress",
     "RankDump",
     "RankStack",
     "build_report",
@@ -64,12 +66,17 @@ EXIT_AGREE, EXIT_FOUND, EXIT_UNREADABLE = 0, 1, 2
 
 @dataclass
 class HangReport:
-    """What the dumps say: the analysis, torch's analyzer's outcome, and the ranks' stack files."""
+    """What the dumps say: the analysis, torch's analyzer's outcome, the ranks' stack files and their progress."""
 
     directory: Path
     analysis: Analysis
     torch: dict[str, Any]
     stacks: dict[int, RankStack] = field(default_factory=dict)
+    progress: dict[int, Progress] | None = None  # judged from the stacks when not given
+
+    def __post_init__(self) -> None:
+        if self.progress is None:
+            self.progress = judge_all(self.stacks)
 
     @property
     def dumps(self) -> dict[int, RankDump]:
@@ -104,27 +111,20 @@ class HangReport:
         return EXIT_UNREADABLE if self.empty else EXIT_AGREE
 
     @property
+    def kind(self) -> Kind:
+        """What kind of failure it was, who, where, and what to do (:mod:`.kinds`)."""
+        return classify(self.analysis, self.stacks, self.progress or {})
+
+    @property
     def line(self) -> str:
-        """The first line: who did not join and where it is, or that every rank agrees."""
-        if self.findings:
-            return finding_line(self.findings[0], self.stacks)
-        places = stalled_line(self.stacks)
-        if self.missing:
-            line = f"no dump from rank{'s' * (len(self.missing) > 1)} {format_ranks(self.missing)}"
-            return f"{line}; {places}" if places else line
-        if places:  # the dumps name no one, yet a rank stayed in its block: that rank comes first
-            if self.empty:
-                return f"{places}; the {len(self.dumps)} dumps hold no entry to compare"
-            return f"{places}; the {len(self.dumps)} dumps agree, every group at the same collective"
-        if self.empty:
-            return (
-                f"cannot tell: the {len(self.dumps)} dumps hold no entry (torch's Gloo recorder records no "
-                "send/recv; a recorder made with TORCH_FR_BUFFER_SIZE=0 records nothing)"
-            )
-        return f"every rank agrees: {len(self.dumps)} dumps, every group at the same collective"
+        """The first line: the kind, who did not join and where it is, what to do; or that every rank agrees."""
+        return self.kind.line
 
     def to_json(self) -> dict[str, Any]:
-        return report_json(self.line, self.exit_code, self.analysis, self.directory, self.torch, self.stacks)
+        payload = report_json(self.line, self.exit_code, self.analysis, self.directory, self.torch, self.stacks)
+        payload["kind"] = self.kind.to_json()
+        payload["progress"] = {rank: found.to_json() for rank, found in sorted((self.progress or {}).items())}
+        return payload
 
 
 def build_report(directory: str | Path, *, with_torch: bool = False) -> HangReport:
@@ -141,7 +141,7 @@ def build_report(directory: str | Path, *, with_torch: bool = False) -> HangRepo
 
 def render(report: HangReport) -> str:
     """The text ``nemo-rl-shim hang-report`` prints."""
-    return render_text(report.line, report.analysis, report.directory, report.torch, report.stacks)
+    return render_text(report.line, report.analysis, report.directory, report.torch, report.stacks, report.progress)
 
 
 def main(directory: str, *, as_json: bool = False, with_torch: bool = False) -> tuple[int, str]:

@@ -55,7 +55,7 @@ class Progress:
 
     rank: int
     verdict: str  # WORKING, NOT_WORKING or CANNOT_JUDGE
-    reason: str  # one short phrase: "the stack moved; CPU +1.9 s in 2.0 s; 25.0 MB written"
+    reason: str  # one short phrase: "stack moved; CPU +1.9 s in 2.0 s; 25.0 MB written"
     stack_samples: int = 0
     counter_samples: int = 0
     moved: bool | None = None  # None: fewer than two stack samples
@@ -117,7 +117,7 @@ def _evidence(stack: RankStack, samples: Sequence[CounterSample]) -> dict[str, A
     """The deltas between the first and the last counter sample, and the signs of work they show."""
     moved = _moved(stack)
     picked = _pick(samples)
-    found: dict[str, Any] = {"moved": moved, "signs": ["the stack moved"] if moved else []}
+    found: dict[str, Any] = {"moved": moved, "signs": ["stack moved"] if moved else []}
     if picked is None:
         return found
     of, counted = picked

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from nemo_rl_shim.cli.hang_report.analysis import Analysis, Finding, GroupState, pg_status_counts_done
+from nemo_rl_shim.cli.hang_report.progress import Progress
 from nemo_rl_shim.cli.hang_report.stacks import RankStack, group_stacks, is_runtime_frame
 from nemo_rl_shim.one_line.rank_ranges import format_ranks
 
@@ -145,14 +146,24 @@ def torch_line(facts: dict[str, Any]) -> str:
     return f"torch {facts['torch']} analyzer: did not run: {facts['error']}"
 
 
-def stack_lines(stacks: Mapping[int, RankStack]) -> list[str]:
-    """The stacks written, grouped by identical frames, the outliers first; each group's user frames, then the
-    ranks whose block was armed when they last wrote, without a stack."""
+def _judged(ranks: list[int], progress: Mapping[int, Progress]) -> str:
+    """`` (3 samples; working: the stack moved)``: what the first rank's samples say, where it was judged."""
+    found = progress.get(ranks[0])
+    if found is None:
+        return ""
+    samples = max(found.stack_samples, found.counter_samples)
+    return f" ({samples} sample{'s' * (samples != 1)}; {found.verdict}: {found.reason})"
+
+
+def stack_lines(stacks: Mapping[int, RankStack], progress: Mapping[int, Progress] | None = None) -> list[str]:
+    """The stacks written, grouped by identical frames, the outliers first; each group's user frames (and what its
+    first rank's samples say of its progress), then the ranks whose block was armed when they last wrote, without a
+    stack."""
     lines = []
     groups = group_stacks(stacks)
     for frames, ranks in groups[:STACK_GROUPS_SHOWN]:
         first = stacks[ranks[0]]
-        lines.append(f"  {_ranks(ranks)}, {first.since}:")
+        lines.append(f"  {_ranks(ranks)}, {first.since}{_judged(ranks, progress or {})}:")
         user = [f for f in frames if not is_runtime_frame(f)] or list(frames[:1])
         lines += [f"    {f.where}" for f in user[:STACK_FRAMES_SHOWN]]
         hidden = len(frames) - min(len(user), STACK_FRAMES_SHOWN)
@@ -177,6 +188,7 @@ def render_text(
     directory: Path,
     torch_facts: dict[str, Any],
     stacks: Mapping[int, RankStack] | None = None,
+    progress: Mapping[int, Progress] | None = None,
 ) -> str:
     """The text ``nemo-rl-shim hang-report`` prints."""
     lines = [line, "", "groups:", *_shape_lines(analysis)]
@@ -184,7 +196,7 @@ def render_text(
         lines += ["", "also:"] + [f"  {f.line()}" for f in analysis.findings[1:6]]
         if len(analysis.findings) > 6:
             lines.append(f"  ... {len(analysis.findings) - 6} more (--json has every one)")
-    shown = stack_lines(stacks or {})
+    shown = stack_lines(stacks or {}, progress)
     if shown:
         lines += ["", "stacks (where each rank was once its block ran past the timeout and grace):", *shown]
     lines += ["", "dumps:", *_dump_lines(analysis, directory), torch_line(torch_facts)]

@@ -169,7 +169,9 @@ def test_a_dump_joined_from_two_recorders_keeps_each_ones_numbering(tmp_path) ->
         (tmp_path / f"{flight_recorder.DUMP_FILE_NAME}{r}").write_bytes(pickle.dumps(trace))
     report = hang_report.build_report(tmp_path, with_torch=False)
     assert [(f.kind, f.ranks, f.group.backend) for f in report.findings] == [("stall", [1], "nccl")], report.line
-    assert report.line.startswith("rank 1 did not enter all_reduce #3 on default, ranks 0-1 (its nccl half), in which")
+    assert report.line.startswith(
+        "never came: rank 1 did not enter all_reduce #3 on default, ranks 0-1 (its nccl half), in which"
+    )
     halves = {g.backend: g for g in report.groups}
     assert set(halves) == {"gloo", "nccl"} and halves["gloo"].last == {0: 3, 1: 3}
     assert not report.dumps[0].recorder("gloo").tracks_completion and report.dumps[0].recorder("nccl").tracks_completion

@@ -77,7 +77,7 @@ def _judged(tmp_path: Path, stacks: list, lines: list[dict[str, Any]] | None = N
 def test_a_moving_stack_is_working_even_without_counters(tmp_path: Path) -> None:
     found = _judged(tmp_path, [WRITING, WRITING_ON, WRITING])
     assert (found.verdict, found.moved, found.counter_samples) == (WORKING, True, 0)
-    assert found.reason == "the stack moved"
+    assert found.reason == "stack moved"
     assert (found.phase, found.ran_s) == ("checkpoint save", 37.0)
 
 

@@ -190,7 +190,7 @@ def test_missing_top_ranks_are_seen(tmp_path, capfd) -> None:
     code, out, _ = _run(tmp_path, capfd, as_json=True)
     payload = json.loads(out)
     assert code == 1 and payload["missing_dumps"] == [2, 3] and payload["world_size"] == 4, payload
-    assert payload["line"].startswith("no dump from ranks 2-3"), payload["line"]
+    assert payload["line"].startswith("never came (dead: no dump): no dump from ranks 2-3"), payload["line"]
 
 
 def test_missing_top_ranks_are_seen_from_the_shims_sidecar(tmp_path, capfd) -> None:
