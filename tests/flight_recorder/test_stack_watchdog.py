@@ -241,14 +241,16 @@ def test_a_block_that_stays_is_sampled_three_times_with_counters_from_the_helper
 def test_a_block_held_in_a_c_call_keeps_the_gil_gets_one_stack_but_every_counter(path: Path) -> None:
     """The sampler thread needs the GIL and cannot write; the helper is another process and reads the counters."""
     token = arm(path, 5, "train step", SHORT_S, interval_s=INTERVAL_S)
+    started_ns = time.time_ns()
     _hold_the_gil(4)  # room for a helper that starts late on a loaded machine: it samples 0.6 s in all
-    returned_ns = time.time_ns()
+    # the call ends 4 s after it started, at the earliest: what was written before then was written during it
+    during_ns = started_ns + 4 * 10**9 - 10**8
     lines = _counters(path, 5, 3)
     stack = read_stack(path, 5)
     disarm(token, failed=True)
-    during = [s for s in stack.samples if s.t_ns is not None and s.t_ns < returned_ns]
+    during = [s for s in stack.samples if s.t_ns is not None and s.t_ns < during_ns]
     assert len(during) == 1, f"no Python thread ran during the call: {stack.to_json()['samples']}"
-    assert all(line["t_ns"] < returned_ns for line in lines[:3]), "the helper read the counters during the call"
+    assert all(line["t_ns"] < during_ns for line in lines[:3]), "the helper read the counters during the call"
     cpu = [line["thread"]["cpu_s"] for line in lines]
     assert cpu[-1] - cpu[0] < 0.1, cpu
     assert {line["thread"]["state"] for line in lines} == {"S"}, "libc's sleep: asleep, holding the GIL"

@@ -65,6 +65,7 @@ LABELS = {
     ("cannot_tell", None): "cannot tell",
     ("agree", None): "every rank agrees",
 }
+_ALSO = re.compile(r" \(also [^()]*\)")
 _PATH = re.compile(r"(?<![\w.])(?:[A-Za-z]:)?[/\\](?:[^\s:;()\"',]+[/\\])+(?=[^\s/\\:;()\"',]+:\d)")
 
 
@@ -101,15 +102,14 @@ class Kind:
 
 def fit_line(label: str, body: str, action: str, limit: int = MAX_LINE_CHARS) -> str:
     """``label: body; action`` in at most ``limit`` characters: the folders of paths dropped first (``train.py:57``
-    stays), then the body cut in its middle; the label and the action are kept whole."""
+    stays), then a group's other axes (``default (also dp, tp), ranks 0-3`` -> ``default, ranks 0-3``), then the body
+    cut in its middle; the label and the action are kept whole."""
     tail = f"; {action}" if action else ""
-    line = f"{label}: {body}{tail}"
-    if len(line) <= limit:
-        return line
-    body = _PATH.sub("", body)
-    line = f"{label}: {body}{tail}"
-    if len(line) <= limit:
-        return line
+    for shorter in (body, _PATH.sub("", body), _ALSO.sub("", _PATH.sub("", body))):
+        line = f"{label}: {shorter}{tail}"
+        if len(line) <= limit:
+            return line
+    body = _ALSO.sub("", _PATH.sub("", body))
     room = max(0, limit - len(label) - len(tail) - 3)
     return f"{label}: {body[: room // 2]}…{body[len(body) - (room - room // 2) :]}{tail}"[:limit]
 

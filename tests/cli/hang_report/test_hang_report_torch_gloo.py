@@ -120,7 +120,11 @@ def test_a_sub_group_stall_names_the_rank_op_and_group(worlds) -> None:
     assert first.group.ranks == (2, 3)
     label = "tp, ranks 2-3" if first.group.desc == "tp" else f"process group {first.group.name}, ranks 2-3"
     at = _called_at(worlds["sub_group_stall"], 2, "lambda: dist.all_reduce(torch.ones(4), group=mine)")
-    assert report.line == f"rank 3 did not enter all_reduce #3 on {label}, in which rank 2 waited {TIMEOUT_S:.1f} s{at}"
+    assert (
+        report.kind.body
+        == f"rank 3 did not enter all_reduce #3 on {label}, in which rank 2 waited {TIMEOUT_S:.1f} s{at}"
+    )
+    assert (report.kind.name, report.kind.ranks) == ("never_came", (3,)), report.line
     assert report.exit_code == hang_report.EXIT_FOUND
 
 
@@ -150,14 +154,15 @@ def test_torch_analyzer_fails_on_gloos_pg_config_in_one_line(worlds) -> None:
         return
     assert facts["outcome"] == "failed" and facts["error"].startswith("KeyError: "), facts
     assert last == f"torch {facts['torch']} analyzer: did not run: {facts['error']}"
-    assert report.line.startswith("rank 3 did not enter"), "the first line does not depend on it"
+    assert report.kind.body.startswith("rank 3 did not enter"), "the first line does not depend on it"
 
 
 def test_a_mismatch_names_the_odd_one_out(worlds) -> None:
     _recorded(worlds["mismatch"])
     report = _report(worlds["mismatch"]["dir"])
     assert report.line == (
-        "rank 2 differs on broadcast #2 on default, ranks 0-3: input sizes [[8]] (rank 2) where ranks 0-1, 3 have [[4]]"
+        "mismatch (sizes): rank 2 differs on broadcast #2 on default, ranks 0-3: input sizes [[8]] (rank 2) where "
+        "ranks 0-1, 3 have [[4]]; fix: the sizes rank 2 passes to broadcast #2"
     )
     assert report.exit_code == hang_report.EXIT_FOUND
 
@@ -178,7 +183,7 @@ def test_a_dead_rank_is_named_before_the_rank_waiting_on_it(worlds) -> None:
     _recorded(worlds["dead_rank"])
     report = _report(worlds["dead_rank"]["dir"])
     assert report.missing == [1]
-    assert report.line.startswith("no dump from rank 1: "), hang_report.render(report)
+    assert report.line.startswith("no dump: from rank 1: "), hang_report.render(report)
     stalls = [f for f in report.findings if f.kind == "stall"]
     assert [(f.ranks, f.waiting) for f in stalls] == [([0], [2])], [f.line() for f in report.findings]
 
