@@ -6,9 +6,11 @@ the sample's number and time, the block's ``entered_ns`` and the rank's ``pid`` 
 same block), then ``process`` and ``thread`` (the thread that armed the block), each ``{"state", "cpu_s", "io":
 {"rchar", "wchar", "read_bytes", "write_bytes"}}`` or null.
 
-Like the stacks, it comes from a shared folder: read up to :data:`MAX_COUNTER_BYTES`, each line parsed as JSON and
-each field checked for its type; a line that is not a sample is skipped, a file that cannot be read gives no sample
-(counters are a help, never the evidence of a hang). Only the samples of the block the stack file names count.
+Like the stacks, it comes from a shared folder: read as a regular file that may not leave the folder
+(:mod:`nemo_rl_shim.cli.untrusted_file`: a FIFO, a device or a symlink out of the folder under that name is refused,
+as a stack file would be), up to :data:`MAX_COUNTER_BYTES`, each line parsed as JSON and each field checked for its
+type; a line that is not a sample is skipped, a file that cannot be read gives no sample (counters are a help, never
+the evidence of a hang). Only the samples of the block the stack file names count.
 """
 
 from __future__ import annotations
@@ -19,7 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nemo_rl_shim.cli.hang_report.bounds import is_count
+from nemo_rl_shim.cli.hang_report.records import DumpError
 from nemo_rl_shim.cli.hang_report.stacks import RankStack
+from nemo_rl_shim.cli.untrusted_file import NotRegularFile, UntrustedFileError, read_untrusted
 from nemo_rl_shim.flight_recorder.names import PROGRESS_FILE_NAME
 
 __all__ = ["MAX_COUNTER_BYTES", "CounterSample", "Counters", "counters_for", "parse_counters"]
@@ -62,14 +67,14 @@ class CounterSample:
 
 
 def _int(value: Any) -> int | None:
-    return value if type(value) is int and 0 <= value < 2**63 else None
+    return value if is_count(value) else None
 
 
 def _task(value: Any) -> Counters | None:
     if not isinstance(value, Mapping):
         return None
     cpu, state, io = value.get("cpu_s"), value.get("state"), value.get("io")
-    ok_cpu = isinstance(cpu, int | float) and not isinstance(cpu, bool) and 0 <= cpu < 1e12
+    ok_cpu = type(cpu) in (int, float) and 0 <= cpu < 1e12  # NaN fails both
     counts = {k: io[k] for k in _IO_KEYS if isinstance(io, Mapping) and _int(io.get(k)) is not None}
     return Counters(float(cpu) if ok_cpu else None, state[:1] if isinstance(state, str) else None, counts)
 
@@ -96,16 +101,18 @@ def parse_counters(data: bytes) -> list[CounterSample]:
     return [s for line in text.splitlines() if (s := _sample(line)) is not None]
 
 
-def counters_for(stack: RankStack) -> tuple[CounterSample, ...]:
+def counters_for(stack: RankStack, root: Path | None = None) -> tuple[CounterSample, ...]:
     """The counter samples, beside ``stack``'s file, of the block its header names (same ``pid`` and
-    ``entered_ns``), by time; none where the file is missing, unreadable or of another block."""
+    ``entered_ns``), by time; none where the file is missing, unreadable or of another block. One that is not a
+    regular file, or a symlink out of ``root``, is refused (:class:`DumpError`)."""
     if stack.entered_ns is None:
         return ()
     path = Path(stack.path).parent / PROGRESS_FILE_NAME.format(rank=stack.rank)
     try:
-        with open(path, "rb") as handle:
-            data = handle.read(MAX_COUNTER_BYTES)
-    except OSError:
+        data = read_untrusted(path, cap=MAX_COUNTER_BYTES, what="counters file", root=root, cut=True)
+    except NotRegularFile as e:
+        raise DumpError(str(e)) from None
+    except UntrustedFileError:
         return ()
     found = [
         s

@@ -17,7 +17,8 @@ most :data:`MAX_LINE_CHARS` characters. The kinds (``Kind.name``; ``variant`` sa
   receive posted) and none finished: the transport or a device, no rank blamed;
 * ``did_not_finish``: a rank entered and did not finish what its peers finished: its host;
 * ``unclear`` (someone waits, no buffer tells on whom), ``no_dump``, ``stayed_in_block`` (a stack alone),
-  ``cannot_tell`` (no entry to compare) and ``agree``.
+  ``cannot_tell`` (no entry to compare; or, variant ``unconfirmed`` or ``world unknown``, what the analysis cannot
+  tell) and ``agree``.
 
 A circular wait comes before the stall it is made of; otherwise the first finding (:mod:`.analysis`'s order)
 decides, but for a missing dump whose peers finished the op it is named in, where another op of the same rank's
@@ -32,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from nemo_rl_shim.cli.hang_report.analysis import Analysis, Finding
+from nemo_rl_shim.cli.hang_report.analysis import CANNOT_TELL, Analysis, Finding
 from nemo_rl_shim.cli.hang_report.cycles import Cycle, find_cycle
 from nemo_rl_shim.cli.hang_report.progress import Progress
 from nemo_rl_shim.cli.hang_report.stacks import RankStack
@@ -63,6 +64,8 @@ LABELS = {
     ("no_dump", None): "no dump",
     ("stayed_in_block", None): "stayed in a block",
     ("cannot_tell", None): "cannot tell",
+    ("cannot_tell", "unconfirmed"): "cannot tell",
+    ("cannot_tell", "world unknown"): "cannot tell",
     ("agree", None): "every rank agrees",
 }
 _ALSO = re.compile(r" \(also [^()]*\)")
@@ -87,7 +90,12 @@ class Kind:
     @property
     def line(self) -> str:
         """``<kind>: <who, where>; <what to do>``, at most :data:`MAX_LINE_CHARS` characters."""
-        return fit_line(self.label, self.body, self.suggestion.text if self.suggestion else "")
+        return self.line_with("")
+
+    def line_with(self, note: str) -> str:
+        """:attr:`line` with ``note`` after what to do (how the run's files were chosen), within the same bound."""
+        action = " ".join(part for part in (self.suggestion.text if self.suggestion else "", note) if part)
+        return fit_line(self.label, self.body, action)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -101,17 +109,19 @@ class Kind:
 
 
 def fit_line(label: str, body: str, action: str, limit: int = MAX_LINE_CHARS) -> str:
-    """``label: body; action`` in at most ``limit`` characters: the folders of paths dropped first (``train.py:57``
-    stays), then a group's other axes (``default (also dp, tp), ranks 0-3`` -> ``default, ranks 0-3``), then the body
-    cut in its middle; the label and the action are kept whole."""
+    """``label: body; action`` (``body; action`` where the body starts with the label's words) in at most ``limit``
+    characters: the folders of paths dropped first (``train.py:57`` stays), then a group's other axes (``default (also
+    dp, tp), ranks 0-3`` -> ``default, ranks 0-3``), then the body cut in its middle; the label and the action are kept
+    whole."""
     tail = f"; {action}" if action else ""
+    head = "" if body.startswith(label) else f"{label}: "  # "cannot tell whether ...": the kind's words already
     for shorter in (body, _PATH.sub("", body), _ALSO.sub("", _PATH.sub("", body))):
-        line = f"{label}: {shorter}{tail}"
+        line = f"{head}{shorter}{tail}"
         if len(line) <= limit:
             return line
     body = _ALSO.sub("", _PATH.sub("", body))
-    room = max(0, limit - len(label) - len(tail) - 3)
-    return f"{label}: {body[: room // 2]}…{body[len(body) - (room - room // 2) :]}{tail}"[:limit]
+    room = max(0, limit - len(head) - len(tail) - 1)
+    return f"{head}{body[: room // 2]}…{body[len(body) - (room - room // 2) :]}{tail}"[:limit]
 
 
 def _ranks(ranks: Sequence[int]) -> str:
@@ -223,7 +233,8 @@ def _circular(
 
 
 def _without_finding(analysis: Analysis, stacks: Mapping[int, RankStack], progress: Mapping[int, Progress]) -> Kind:
-    """No finding: a missing dump, a stack alone, no entry at all, or every rank agreeing."""
+    """Nothing found wrong: a missing dump, a stack alone, no entry at all, what cannot be told (a world no record
+    states, a collective no member is known to have finished), or every rank agreeing."""
     dumps, missing = analysis.dumps, analysis.missing
     empty = not any(d.n_entries for d in dumps.values())
     places = stalled_line(stacks)
@@ -251,7 +262,22 @@ def _without_finding(analysis: Analysis, stacks: Mapping[int, RankStack], progre
             "with TORCH_FR_BUFFER_SIZE=0 records nothing)"
         )
         return Kind("cannot_tell", None, (), body, None, evidence)
-    return Kind("agree", None, (), f"{len(dumps)} dumps, every group at the same collective", None, evidence)
+    if analysis.findings:
+        return _cannot_tell(analysis.findings, stacks, progress)
+    world = analysis.world.source if analysis.world else "?"
+    body = f"{len(dumps)} dumps of a world of {analysis.world_size} ({world}), every group's last collective finished"
+    return Kind("agree", None, (), body, None, evidence)
+
+
+def _cannot_tell(
+    findings: Sequence[Finding], stacks: Mapping[int, RankStack], progress: Mapping[int, Progress]
+) -> Kind:
+    """Only what cannot be told: the first such finding, and how many groups more are alike."""
+    first = findings[0]
+    alike = [f for f in findings[1:] if f.kind == first.kind]
+    more = f" (and the same for {len(alike)} more group{'s' * (len(alike) > 1)})" if alike else ""
+    body = first.line() + more  # "cannot tell whether ...": it starts with its kind
+    return Kind("cannot_tell", first.kind, tuple(first.ranks), body, None, _evidence(first, stacks, progress))
 
 
 def _still_waiting(finding: Finding) -> bool:
@@ -272,11 +298,12 @@ def _first(findings: Sequence[Finding]) -> Finding:
 
 def classify(analysis: Analysis, stacks: Mapping[int, RankStack], progress: Mapping[int, Progress]) -> Kind:
     """The kind of the hang the analysis, the stacks and their progress show (see the module docstring)."""
-    if not analysis.findings:
+    wrong = [f for f in analysis.findings if f.kind not in CANNOT_TELL]
+    if not wrong:
         return _without_finding(analysis, stacks, progress)
-    first = _first(analysis.findings)
+    first = _first(wrong)
     if first.kind in ("stall", "p2p"):
-        cycle = find_cycle(analysis.findings, analysis.dumps)
+        cycle = find_cycle(wrong, analysis.dumps)
         if cycle is not None:
             return _circular(cycle, first, stacks, progress)
     return _of_finding(first, stacks, progress)

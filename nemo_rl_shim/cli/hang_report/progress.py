@@ -21,6 +21,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from nemo_rl_shim.cli.hang_report.counters import Counters, CounterSample, counters_for
@@ -151,9 +152,10 @@ def _verdict(stack: RankStack, found: Mapping[str, Any]) -> tuple[str, str]:
     return CANNOT_JUDGE, "one sample" if max(stacks, counted) == 1 else "no sample"
 
 
-def judge(stack: RankStack, samples: Sequence[CounterSample] | None = None) -> Progress:
-    """``stack``'s progress, from its samples and its counters (read beside its file when not given)."""
-    samples = counters_for(stack) if samples is None else samples
+def judge(stack: RankStack, samples: Sequence[CounterSample] | None = None, root: Path | None = None) -> Progress:
+    """``stack``'s progress, from its samples and its counters (read beside its file when not given; ``root``: the
+    folder it may not leave)."""
+    samples = counters_for(stack, root) if samples is None else samples
     found = _evidence(stack, samples)
     verdict, reason = _verdict(stack, found)
     last_ns = max([s.t_ns for s in samples] + [s.t_ns for s in stack.samples if s.t_ns is not None], default=None)
@@ -177,6 +179,6 @@ def judge(stack: RankStack, samples: Sequence[CounterSample] | None = None) -> P
     )
 
 
-def judge_all(stacks: Mapping[int, RankStack]) -> dict[int, Progress]:
+def judge_all(stacks: Mapping[int, RankStack], root: Path | None = None) -> dict[int, Progress]:
     """Every rank with a written stack, judged."""
-    return {rank: judge(stack) for rank, stack in stacks.items() if stack.fired}
+    return {rank: judge(stack, root=root) for rank, stack in stacks.items() if stack.fired}

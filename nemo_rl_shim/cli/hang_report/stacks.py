@@ -20,10 +20,11 @@ A file with the header alone: the rank was inside the block when it last wrote, 
 faulthandler's text without the header (a loop that arms ``faulthandler.dump_traceback_later`` itself)
 reads too; its thread is the one faulthandler lists last (the oldest: the main thread).
 
-Like the dumps, the files come from shared folders: each is read up to :data:`MAX_STACK_BYTES`, as text,
-with regular expressions; nothing in it is run, a line that is not faulthandler's is skipped, and a file
-that cannot be read is kept with a note rather than stopping the report (a stack is a help, not the
-evidence).
+Like the dumps, the files come from shared folders: each is read as a regular file that may not leave the folder
+(:mod:`nemo_rl_shim.cli.untrusted_file`: a FIFO, a device, a socket or a symlink out of the folder named like a stack
+file is refused, exit 2), up to :data:`MAX_STACK_BYTES`, as text, with regular expressions; nothing in it is run, a
+line that is not faulthandler's is skipped, and a file that cannot be read (gone, not allowed) is kept with a note
+rather than stopping the report (a stack is a help, not the evidence).
 """
 
 from __future__ import annotations
@@ -36,8 +37,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nemo_rl_shim.cli.hang_report.bounds import is_count
+from nemo_rl_shim.cli.hang_report.folder import stack_files, walk
 from nemo_rl_shim.cli.hang_report.frames import Frame, frame, is_runtime_frame, user_frame
-from nemo_rl_shim.flight_recorder.names import HEADER, SAMPLE_MARK, STACK_FILE_NAME
+from nemo_rl_shim.cli.hang_report.records import DumpError
+from nemo_rl_shim.cli.untrusted_file import NotRegularFile, UntrustedFileError, read_untrusted
+from nemo_rl_shim.flight_recorder.names import HEADER, SAMPLE_MARK
+from nemo_rl_shim.one_line.printable import clean
 
 __all__ = [
     "MAX_STACK_BYTES",
@@ -50,11 +56,11 @@ __all__ = [
     "load_stacks",
     "parse_stack",
     "read_stack",
+    "read_stacks",
 ]
 
 #: A stack file is read up to this size (faulthandler writes at most 100 threads of 100 frames).
 MAX_STACK_BYTES = 1 << 20
-_NAME = re.compile("^" + re.escape(STACK_FILE_NAME).replace(re.escape("{rank}"), r"(?P<rank>\d{1,9})") + "$")
 #: A thread's first line (``Stack ...`` where faulthandler dumps one thread), across the text.
 _THREAD = re.compile(
     r"^(?:(?P<current>Current thread|Thread) (?P<id>0x[0-9a-fA-F]+)(?: \[.*\])? \(most recent call first\):"
@@ -161,21 +167,21 @@ def _header(line: str, stack: RankStack) -> None:
         stack.note = f"header is not a JSON object (got {type(facts).__name__})"
         return
     what, after, entered, pid, thread = (facts.get(k) for k in ("what", "after_s", "entered_ns", "pid", "thread"))
-    stack.what = what[:200] if isinstance(what, str) else None
+    stack.what = clean(what) if isinstance(what, str) else None
     stack.after_s = _seconds(after)
-    stack.entered_ns = _int(entered)
-    stack.pid = _int(pid)
+    stack.entered_ns = entered if is_count(entered) else None
+    stack.pid = pid if is_count(pid) and pid < 2**32 else None
     stack.thread = thread.lower() if isinstance(thread, str) and re.fullmatch(r"0x[0-9a-fA-F]{1,32}", thread) else None
     stack.tid, stack.planned, stack.interval_s = _int(facts.get("tid")), _int(facts.get("samples")), None
     stack.interval_s = _seconds(facts.get("interval_s"))
 
 
 def _int(value: Any) -> int | None:
-    return value if type(value) is int and 0 <= value < 2**63 else None
+    return value if is_count(value) else None
 
 
 def _seconds(value: Any) -> float | None:
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < 1e9
+    ok = type(value) in (int, float) and 0 <= value < 1e9  # NaN fails both
     return float(value) if ok else None
 
 
@@ -270,13 +276,15 @@ def parse_stack(text: str, rank: int, path: Path) -> RankStack:
     return stack
 
 
-def read_stack(path: Path, rank: int) -> RankStack:
-    """One stack file, read as text up to :data:`MAX_STACK_BYTES`; an unreadable one is kept with a note."""
+def read_stack(path: Path, rank: int, root: Path | None = None) -> RankStack:
+    """One stack file, read as text up to :data:`MAX_STACK_BYTES`; one that cannot be read is kept with a note, one
+    that is not a regular file (or a symlink out of ``root``) is refused (:class:`DumpError`)."""
     try:
-        with open(path, "rb") as handle:
-            data = handle.read(MAX_STACK_BYTES + 1)
-    except OSError as e:
-        return RankStack(rank, path, note=f"cannot be read: {e.strerror or e}")
+        data = read_untrusted(path, cap=MAX_STACK_BYTES, what="stack file", root=root, cut=True)
+    except NotRegularFile as e:
+        raise DumpError(str(e)) from None
+    except UntrustedFileError as e:
+        return RankStack(rank, path, note=f"cannot be read: {str(e).rpartition(': ')[2]}")
     stack = parse_stack(data[:MAX_STACK_BYTES].decode("utf-8", errors="replace"), rank, path)
     if len(data) > MAX_STACK_BYTES:
         stack.truncated = True
@@ -285,30 +293,18 @@ def read_stack(path: Path, rank: int) -> RankStack:
 
 
 def find_stacks(directory: str | os.PathLike[str]) -> dict[int, Path]:
-    """``{rank: stack file}`` in ``directory`` and its subfolders (hidden ones skipped); for a rank with files in
-    several folders, the newest."""
-    found: dict[int, Path] = {}
-    for root, dirs, names in os.walk(directory):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        for name in names:
-            if (m := _NAME.match(name)) is None:
-                continue
-            rank, path = int(m["rank"]), Path(root) / name
-            if rank not in found or _mtime(path) > _mtime(found[rank]):
-                found[rank] = path
-    return found
+    """``{rank: stack file}`` in ``directory`` and its subfolders (hidden ones skipped); a rank with two is refused."""
+    return stack_files(walk(Path(directory)))
 
 
-def _mtime(path: Path) -> float:
-    try:
-        return path.stat().st_mtime
-    except OSError:
-        return float("-inf")
+def read_stacks(paths: Mapping[int, Path], root: Path | None = None) -> dict[int, RankStack]:
+    """The stack files ``paths`` (``{rank: file}``), read; ranks sorted."""
+    return {rank: read_stack(path, rank, root) for rank, path in sorted(paths.items())}
 
 
 def load_stacks(directory: str | os.PathLike[str]) -> dict[int, RankStack]:
     """Every rank's stack file in ``directory``, read; ranks sorted."""
-    return {rank: read_stack(path, rank) for rank, path in sorted(find_stacks(directory).items())}
+    return read_stacks(find_stacks(directory), Path(os.path.realpath(directory)))
 
 
 def group_stacks(stacks: Mapping[int, RankStack]) -> list[tuple[tuple[Frame, ...], list[int]]]:

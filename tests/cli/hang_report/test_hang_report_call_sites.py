@@ -261,13 +261,17 @@ def test_only_the_innermost_user_frame_is_kept_and_ranks_share_it(tmp_path: Path
 
 
 def test_frames_are_read_only_where_kept(tmp_path: Path) -> None:
-    """A malformed ``frames`` on an entry the reduction keeps is exit 2 naming it; on one it skips, never read."""
+    """A malformed ``frames`` on an entry the reduction keeps is exit 2 naming it; on one it skips, it is not read
+    for a stall (exit 1), and a healthy verdict, which checks every field, refuses it (exit 2)."""
     _, ranks = _world()
     for _ in range(3 * dump_format.CALLS_KEPT):
         for rank in ranks:
             rank.collective(WORLD)
     ranks[1].entries[0]["frames"] = "not frames"
-    assert hang_report.build_report(_write_all(tmp_path, ranks), with_torch=False).exit_code == 0
+    with pytest.raises(hang_report.DumpError, match=r"nccl_trace_rank_1: entry 0 'frames' is 'not frames' \(str\)"):
+        hang_report.build_report(_write_all(tmp_path, ranks), with_torch=False)
+    ranks[0].collective(WORLD, state="scheduled")  # rank 0 waits in one more: a stall, read without the skipped entry
+    assert hang_report.build_report(_write_all(tmp_path, ranks), with_torch=False).exit_code == 1
     raw = pickle.loads((tmp_path / "nccl_trace_rank_1").read_bytes())
     raw["entries"][-1]["frames"] = [{"name": "f", "filename": b"x", "line": 1}]
     (tmp_path / "nccl_trace_rank_1").write_bytes(pickle.dumps(raw))

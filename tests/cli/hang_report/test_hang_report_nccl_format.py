@@ -141,7 +141,7 @@ def test_the_prefix_in_torch_fr_dump_temp_file_is_read_first(scenarios, tmp_path
     report = _report(tmp_path)
     assert sorted(report.dumps) == [0, 1, 2, 3] and report.findings[0].ranks == [3]
     monkeypatch.delenv("TORCH_FR_DUMP_TEMP_FILE")
-    with pytest.raises(hang_report.DumpError, match="several prefixes"):
+    with pytest.raises(hang_report.DumpError, match=r"holds dumps of several runs: checkpoint_step_<rank> \(1 in \.\)"):
         _report(tmp_path)
     assert loader.dump_prefixes({})[0] == DUMP_FILE_NAME
 
@@ -208,7 +208,9 @@ def test_preflight_waits_for_the_last_ranks_dump(scenarios, tmp_path) -> None:
     summary = hang_report.preflight_summary(tmp_path, 4, wait_s=10)
     writer.join()
     assert summary["missing_dumps"] == [], summary["summary"]
-    assert summary["summary"].endswith("every rank agrees: 4 dumps, every group at the same collective")
+    assert summary["summary"].endswith(
+        "every rank agrees: 4 dumps of a world of 4 (--world), every group's last collective finished"
+    ), summary["summary"]
     assert time.monotonic() - start < 9, "it waited out the bound: the last dump was not seen"
 
 

@@ -117,8 +117,8 @@ def test_a_sub_group_stall_names_the_rank_op_and_group(worlds) -> None:
     report = _report(worlds["sub_group_stall"]["dir"])
     first = report.findings[0]
     assert (first.kind, first.ranks, first.waiting, first.op, first.seq) == ("stall", [3], [2], "all_reduce", 3)
-    assert first.group.ranks == (2, 3)
-    label = "tp, ranks 2-3" if first.group.desc == "tp" else f"process group {first.group.name}, ranks 2-3"
+    assert first.group.ranks == (2, 3) and not first.group.members_stated, "torch's Gloo dumps list no group's members"
+    label = "tp, seen ranks 2-3" if first.group.desc == "tp" else f"process group {first.group.name}, seen ranks 2-3"
     at = _called_at(worlds["sub_group_stall"], 2, "lambda: dist.all_reduce(torch.ones(4), group=mine)")
     assert (
         report.kind.body
@@ -161,8 +161,8 @@ def test_a_mismatch_names_the_odd_one_out(worlds) -> None:
     _recorded(worlds["mismatch"])
     report = _report(worlds["mismatch"]["dir"])
     assert report.line == (
-        "mismatch (sizes): rank 2 differs on broadcast #2 on default, ranks 0-3: input sizes [[8]] (rank 2) where "
-        "ranks 0-1, 3 have [[4]]; fix: the sizes rank 2 passes to broadcast #2"
+        "mismatch (sizes): rank 2 differs on broadcast #2 on default, seen ranks 0-3: input sizes [[8]] (rank 2) "
+        "where ranks 0-1, 3 have [[4]]; fix: the sizes rank 2 passes to broadcast #2"
     )
     assert report.exit_code == hang_report.EXIT_FOUND
 
@@ -188,12 +188,26 @@ def test_a_dead_rank_is_named_before_the_rank_waiting_on_it(worlds) -> None:
     assert [(f.ranks, f.waiting) for f in stalls] == [([0], [2])], [f.line() for f in report.findings]
 
 
-def test_a_wrapped_buffer_is_healthy(worlds) -> None:
+def test_a_wrapped_buffer_is_out_of_reach_and_gloo_alone_never_reads_healthy(worlds) -> None:
+    """Ranks 0-1's buffers wrapped past the default group's collectives: out of reach, not behind. And a healthy
+    run's Gloo dumps still do not exit 0: no record states the world, and Gloo's recorder never says a collective
+    finished (it retires one that timed out alike); with the world given, only the latter is left."""
     _recorded(worlds["healthy"])
     dumps = _dumps(worlds["healthy"])
     assert all(len(d["entries"]) == BUFFER for r, d in dumps.items() if r < 2)
     assert all(d["entries"][0]["record_id"] > 0 for r, d in dumps.items() if r < 2), "ranks 0-1 wrapped"
     report = _report(worlds["healthy"]["dir"])
     default = next(g for g in report.groups if g.desc == "default_pg")
+    assert default.ranks == (2, 3) and not default.members_stated, "without the world, only the ranks its entries show"
+    assert [f.kind for f in report.findings][:2] == ["world unknown", "unconfirmed"], hang_report.render(report)
+    assert report.exit_code == hang_report.EXIT_FOUND and report.line.startswith(
+        "cannot tell whether every rank dumped"
+    )
+    assert report.line.endswith("give the world with --world N"), report.line
+    given = hang_report.build_report(worlds["healthy"]["dir"], world=4)
+    default = next(g for g in given.groups if g.desc == "default_pg")
     assert default.out_of_reach == [0, 1] and default.last[2] == default.last[3] == 3, default
-    assert report.exit_code == hang_report.EXIT_AGREE, hang_report.render(report)
+    assert {f.kind for f in given.findings} == {"unconfirmed"} and given.exit_code == hang_report.EXIT_FOUND
+    assert given.line.startswith("cannot tell whether ranks 2-3 finished all_reduce #3 on default, ranks 0-3: "), (
+        given.line
+    )
