@@ -233,8 +233,14 @@ def _status(args: argparse.Namespace, out: TextIO) -> int:
 
 def _hang_report(args: argparse.Namespace, out: TextIO) -> int:
     from nemo_rl_shim.cli import hang_report
+    from nemo_rl_shim.one_line.printable import encodable
 
-    code, text = hang_report.main(args.dir, as_json=args.json, with_torch=args.torch_analyzer, world=args.world)
+    def early(line: str) -> None:  # the quick first line, at once (many dumps: the rest follows when all are read)
+        print(encodable(line), file=out, flush=True)
+
+    code, text = hang_report.main(
+        args.dir, as_json=args.json, with_torch=args.torch_analyzer, world=args.world, early=early
+    )
     if not args.json:
         print(text, file=sys.stderr if code == hang_report.EXIT_UNREADABLE else out)
         return code

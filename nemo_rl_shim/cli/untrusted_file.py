@@ -29,7 +29,7 @@ from pathlib import Path
 
 from nemo_rl_shim.one_line.printable import shown_path
 
-__all__ = ["NotRegularFile", "UntrustedFileError", "file_kind", "inside", "read_untrusted"]
+__all__ = ["NotRegularFile", "UntrustedFileError", "file_kind", "inside", "read_parts", "read_untrusted"]
 
 #: Bytes asked of ``os.read`` at a time.
 _CHUNK = 1 << 20
@@ -140,3 +140,44 @@ def _read_exactly(fd: int, size: int, path: Path, what: str) -> bytes:
         parts.append(part)
         left -= len(part)
     return b"".join(parts)
+
+
+def read_parts(
+    path: str | os.PathLike[str],
+    parts: list[tuple[int, int]],
+    *,
+    what: str = "file",
+    root: str | os.PathLike[str] | None = None,
+) -> tuple[int, list[bytes]]:
+    """The file's size and the bytes of each ``(offset, length)`` of ``parts`` (a negative offset counts from the
+    end; each cut to the file), opened as :func:`read_untrusted` opens a file (a regular file, never blocking, not
+    out of ``root``): for a reader that needs the head and the tail of a large file, not its middle."""
+    path = Path(path)
+    target = _target(path, root, what)
+    try:
+        found = os.stat(target)
+    except OSError as e:
+        raise UntrustedFileError(f"{shown_path(path)}: cannot read this {what}: {e.strerror or e}") from None
+    if not stat.S_ISREG(found.st_mode):
+        raise NotRegularFile(
+            f"{shown_path(path)} is {file_kind(found.st_mode)}, not a regular file: a {what} is not read from it"
+        )
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(target, flags)
+    except OSError as e:
+        raise UntrustedFileError(f"{shown_path(path)}: cannot open this {what}: {e.strerror or e}") from None
+    try:
+        opened = os.fstat(fd)
+        if not stat.S_ISREG(opened.st_mode):
+            raise NotRegularFile(f"{shown_path(path)} is {file_kind(opened.st_mode)}, not a regular file")
+        size, read = opened.st_size, []
+        for offset, length in parts:
+            start = max(0, size + offset if offset < 0 else offset)
+            try:
+                read.append(os.pread(fd, max(0, min(length, size - start)), start))
+            except OSError as e:
+                raise UntrustedFileError(f"{shown_path(path)}: cannot read this {what}: {e.strerror or e}") from None
+        return size, read
+    finally:
+        os.close(fd)

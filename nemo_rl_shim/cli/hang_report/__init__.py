@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +39,7 @@ from nemo_rl_shim.cli.hang_report.folder import RunFiles, find_run
 from nemo_rl_shim.cli.hang_report.kinds import Kind, classify
 from nemo_rl_shim.cli.hang_report.loader import DumpError, RankDump, confirm_dumps, load_dumps, read_sidecars
 from nemo_rl_shim.cli.hang_report.progress import Progress, judge_all
+from nemo_rl_shim.cli.hang_report.quick import QuickLine, quick_line
 from nemo_rl_shim.cli.hang_report.render import render_text, report_json
 from nemo_rl_shim.cli.hang_report.stacks import RankStack, read_stacks
 from nemo_rl_shim.cli.hang_report.world import World, check_ranks, stated_world
@@ -80,6 +81,7 @@ class HangReport:
     stacks: dict[int, RankStack] = field(default_factory=dict)
     run: RunFiles | None = None
     progress: dict[int, Progress] | None = None  # judged from the stacks (and their counters) when not given
+    quick: QuickLine | None = None  # the first line given before every entry was read (:mod:`.quick`)
 
     def __post_init__(self) -> None:
         if self.progress is None:
@@ -140,6 +142,8 @@ class HangReport:
     def to_json(self) -> dict[str, Any]:
         payload = report_json(self.line, self.exit_code, self.analysis, self.directory, self.torch, self.stacks)
         payload["kind"] = self.kind.to_json()
+        if self.quick is not None:
+            payload["quick"] = self.quick.to_json(self.line)
         payload["progress"] = {rank: found.to_json() for rank, found in sorted((self.progress or {}).items())}
         if self.run is not None and self.run.rule:
             payload["run"] = {"rule": self.run.rule, "not_read": sorted(self.run.left)}
@@ -171,6 +175,7 @@ def build_report(
     with_torch: bool = False,
     world: int | None = None,
     environ: Mapping[str, str] | None = None,
+    early: Callable[[str], None] | None = None,
 ) -> HangReport:
     """Read ``directory`` (one run's files in it and its subfolders) and analyse it; :class:`DumpError` when it cannot
     be read. ``world``: the run's world size where the user knows it (``--world``); the records must agree.
@@ -178,14 +183,21 @@ def build_report(
     A healthy verdict is given only after every field of every dump was checked (:mod:`.schema`).
     ``with_torch``: run torch's analyzer too, after the shim's analysis. It imports torch, which nothing else
     here does (:mod:`.torch_analyzer`), so it runs only when asked (``--torch-analyzer``).
+    ``early``: where a run's dumps are many, it is handed the quick first line (:mod:`.quick`) as soon as the ranks'
+    newest entries tell it, before every entry is read.
     """
     directory = Path(directory)
     run = find_run(directory, environ)
     sidecars = read_sidecars(run)
     _early_world(run, sidecars, world)
+    stacks = read_stacks(run.stacks, run.root)
+    progress = judge_all(stacks, run.root)
+    quick = quick_line(run, sidecars, stacks, progress, world) if early is not None else None
+    if quick is not None and early is not None:
+        early(quick.line)
     dumps = load_dumps(run, sidecars=sidecars, check_first=_check_first(run, sidecars, world))
     analysis = analyse(dumps, world=world)
-    report = HangReport(directory, analysis, torch_analyzer.skipped(), read_stacks(run.stacks, run.root), run)
+    report = HangReport(directory, analysis, torch_analyzer.skipped(), stacks, run, progress, quick)
     if report.exit_code == EXIT_AGREE:
         confirm_dumps(run)
     if with_torch:
@@ -205,16 +217,35 @@ def _refusal(directory: str, line: str, as_json: bool) -> tuple[int, str]:
     return EXIT_UNREADABLE, line
 
 
+def _after_quick(text: str, quick: QuickLine | None) -> str:
+    """The text, less its first line where the quick line given before it was the same; else with the full reading's
+    first line said as such."""
+    if quick is None:
+        return text
+    first, _, rest = text.partition("\n")
+    if first == quick.line:
+        return rest.lstrip("\n")
+    return f"read in full, the first line is: {first}\n{rest}"
+
+
 def main(
-    directory: str, *, as_json: bool = False, with_torch: bool = False, world: int | None = None
+    directory: str,
+    *,
+    as_json: bool = False,
+    with_torch: bool = False,
+    world: int | None = None,
+    early: Callable[[str], None] | None = None,
 ) -> tuple[int, str]:
     """The command: ``(exit code, text)``; a :class:`DumpError` is ``(2, its one line)``, or with ``as_json`` a JSON
     object that carries it (``line``, ``exit_code``, ``error``), so that ``--json`` is JSON on every path. Whatever
     else goes wrong is exit 2 and one line too, saying it is the report's own defect (never a traceback, never the
     exit 1 of a found stall). The text is always writable as UTF-8."""
     try:
-        report = build_report(directory, with_torch=with_torch, world=world)
+        quick_first = early if not as_json else None
+        report = build_report(directory, with_torch=with_torch, world=world, early=quick_first)
         text = json.dumps(report.to_json(), indent=2, default=str) if as_json else render(report)
+        if quick_first is not None:
+            text = _after_quick(text, report.quick)
         return report.exit_code, encodable(text)
     except DumpError as e:
         return _refusal(directory, encodable(f"hang-report: {clean(str(e), limit=2000)}"), as_json)

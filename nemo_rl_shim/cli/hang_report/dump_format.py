@@ -74,8 +74,10 @@ __all__ = [
     "op_name",
     "pg_status_of",
     "read_dump",
+    "reduce_dump",
     "sizes_text",
     "summarize",
+    "top_level_problem",
 ]
 
 _STATES = ("scheduled", "started", "completed")
@@ -148,6 +150,11 @@ def load_dump(path: Path, root: Path | None = None) -> tuple[dict[str, Any], int
 def read_dump(path: Path, root: Path | None = None) -> dict[str, Any]:
     """The dump as torch wrote it, plain data only and its top level checked; :class:`DumpError` naming the file."""
     return load_dump(path, root)[0]
+
+
+def top_level_problem(data: Any) -> str | None:
+    """What is wrong with a dump's top level (its keys' types), or None."""
+    return _top_level_problem(data)
 
 
 def _top_level_problem(data: Any) -> str | None:
@@ -641,6 +648,15 @@ def summarize(
     raw, size = load_dump(path, root)
     if keep is not None:
         keep.append(raw)
+    return reduce_dump(raw, size, path, name_rank, sidecar)
+
+
+def reduce_dump(
+    raw: dict[str, Any], size: int, path: Path, name_rank: int, sidecar: Mapping[str, Any] | None = None
+) -> RankDump:
+    """A dump already read (``raw``, from a file of ``size`` bytes, its top level checked) reduced: what
+    :func:`summarize` does once it has read the file. The quick read (:mod:`.quick_read`) hands it a window of the
+    newest entries."""
     side = sidecar or {}
     shim = raw.get("nemo_rl_shim") or {}
     rank = _rank(raw, name_rank, side, path)

@@ -57,6 +57,7 @@ __all__ = [
     "load_dumps",
     "read_raw",
     "read_sidecars",
+    "reader_count",
     "run_readers",
 ]
 
@@ -227,6 +228,12 @@ def _readers(count: int) -> int:
     except AttributeError:  # not on Linux
         cpus = os.cpu_count() or 1
     return max(1, min(cpus, MAX_READERS, count // PARALLEL_FROM))
+
+
+def reader_count(count: int) -> int:
+    """How many readers run at once for ``count`` files: one per CPU this process may use, up to
+    :data:`MAX_READERS`, one below :data:`PARALLEL_FROM` files."""
+    return _readers(count)
 
 
 def _summarize(job: Job, keep: list[Any]) -> RankDump:

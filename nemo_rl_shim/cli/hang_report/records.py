@@ -119,10 +119,18 @@ class RankDump:
     dump_time_ns: int | None = None
     writer: str = "torch"
     backend: str = ""  # "nccl", "gloo", ... from the op names
+    # a window of the newest entries (the quick read): they reach back only to this time, whatever the recorder
+    window_oldest_ns: int | None = None
 
     def recorder(self, lib: str) -> Recorder:
-        """``lib``'s buffer facts; a recorder with no entry here reaches back to nothing and tracks nothing."""
-        return self.recorders.get(lib) or Recorder(wrapped=False, oldest_ns=None, tracks_completion=False)
+        """``lib``'s buffer facts; a recorder with no entry here reaches back to nothing and tracks nothing (in a
+        window of the newest entries, it reaches back to the window's oldest: its older entries were not read)."""
+        found = self.recorders.get(lib)
+        if found is not None:
+            return found
+        if self.window_oldest_ns is not None:
+            return Recorder(wrapped=True, oldest_ns=self.window_oldest_ns, tracks_completion=False)
+        return Recorder(wrapped=False, oldest_ns=None, tracks_completion=False)
 
     def finished(self, entry: Entry) -> bool:
         """Whether ``entry`` is known to have finished: it says so, and its recorder's word is evidence."""
