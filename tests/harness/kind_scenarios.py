@@ -6,10 +6,12 @@ groups (``mesh_dp``). Every rank first runs ``rounds`` steps of a tp ``all_reduc
 (completed), as ``benchmarks/hang_report_scale.py``'s ranks do; then the fault of the kind, around the culprit
 (:func:`culprit`: rank 517 of 1,024 or 8,192) and its tp group. Each rank keeps its newest ``2 x rounds`` entries.
 The entries are key for key those of :mod:`tests.harness.nccl_format_dumps` (torch's ``FlightRecorderDetail.hpp``),
-each with three frames (torch's op, its logger, the worker's ``train`` line), one dict per distinct frame shared by
-every entry; the file is pickled as torch pickles it: protocol 2, every memo slot numbered (``BINPUT``), equal strings
-written once. Made here from templates, not through ``Rank``, since 8,192 ranks of 2,000 entries must be written in
-minutes.
+each with 24 frames (torch's op, its logger, the worker's ``train`` line that called it, and the 21 frames out to the
+start), one dict per distinct frame shared by every entry; the file is pickled as torch pickles it: protocol 2, every
+memo slot numbered (``BINPUT``), equal strings written once (Python's pickler also numbers every dict and list, where
+torch's numbers only those shared: a few bytes more per entry). Made here from templates, not through ``Rank``, since
+8,192 ranks of 2,000 entries must be written in minutes; the ranks a case does not touch are the base's files, linked
+(:func:`write_base`, :func:`write_case` with ``base``).
 
 Where the kind needs it, the culprit leaves a stack file and a counters file as the stack watch and its helper write
 them (three samples a second apart, ten minutes and five seconds into its block). :data:`EXPECTED` holds, per case,
@@ -19,6 +21,7 @@ the kind and variant the report must give and the ranks it must name (:func:`exp
 from __future__ import annotations
 
 import json
+import os
 import pickle
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,7 +31,7 @@ from typing import Any
 from nemo_rl_shim.flight_recorder.names import HEADER, PROGRESS_FILE_NAME, SAMPLE_MARK, STACK_FILE_NAME
 from tests.harness.nccl_format_dumps import TIMEOUT_MS, VERSION, Group
 
-__all__ = ["CASES", "EXPECTED", "Layout", "culprit", "expected_ranks", "write_case"]
+__all__ = ["CASES", "EXPECTED", "Layout", "culprit", "expected_ranks", "touched", "write_base", "write_case"]
 
 _T0 = 1_796_000_000_000_000_000
 _STEP_NS = 1_000_000
@@ -50,13 +53,27 @@ def _frame(name: str, filename: str, line: int) -> dict[str, Any]:
     return _FRAMES.setdefault((filename, line), {"name": name, "filename": filename, "line": line})
 
 
+#: The frames outside the call site, as a step's stack goes on to the start (as benchmarks/hang_report_scale.py's
+#: stack files have them: 24 frames in all).
+_OUTSIDE = [
+    *[(f"/job/nemo_rl/models/layers_{depth}.py", 100 + depth, "forward") for depth in range(16)],
+    ("/job/nemo_rl/algorithms/grpo.py", 1210, "grpo_train"),
+    ("/job/examples/run_grpo_math.py", 271, "main"),
+    ("/job/examples/run_grpo_math.py", 281, "<module>"),
+    ("/usr/lib/python3.12/runpy.py", 88, "_run_code"),
+    ("/usr/lib/python3.12/runpy.py", 198, "_run_module_as_main"),
+]
+
+
 def _frames(op: str, call: str) -> list[dict[str, Any]]:
-    """A fresh list of shared frame dicts, innermost first, as torch keeps each entry's stack."""
+    """A fresh list of shared frame dicts, innermost first, as torch keeps each entry's stack: torch's op, its logger,
+    the worker's line that called it, and the 21 frames outside it."""
     fn, line = _TORCH_FN[op]
     return [
         _frame(fn, f"{_TORCH}/distributed/distributed_c10d.py", line),
         _LOGGER,
         _frame("train", _WORKER, _CALLS[call]),
+        *(_frame(name, file, number) for file, number, name in _OUTSIDE),
     ]
 
 
@@ -361,19 +378,49 @@ def expected_ranks(case: str, layout: Layout) -> tuple[int, ...]:
     return (c,)
 
 
-def write_case(case: str, directory: Path, layout: Layout, ranks: range | None = None) -> None:
-    """Write ``case``'s dumps (of ``ranks``, all by default: a pool of writers splits them) and files."""
+def _write(directory: Path, layout: Layout, rank: int, fault: _Fault | None) -> None:
+    entries = _history(layout, rank, fault.extra(layout, rank) if fault else [])
+    if fault is not None:
+        fault.add(layout, rank, entries)
+    data = pickle.dumps(entries.dump(2 * layout.rounds), protocol=2)
+    (directory / f"nccl_trace_rank_{rank}").write_bytes(data)
+
+
+def write_base(directory: Path, layout: Layout, ranks: range | None = None) -> None:
+    """Every rank's history alone (of ``ranks``, all by default): what the cases share."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for rank in ranks if ranks is not None else range(layout.world):
+        _write(directory, layout, rank, None)
+
+
+def touched(case: str, layout: Layout) -> set[int]:
+    """The ranks whose dump ``case`` changes (or removes): every other rank's is the base's."""
+    fault = CASES[case]
+    found = set(fault.no_dump(layout))
+    for rank in range(layout.world):
+        probe = _Entries(rank, [layout.default(), layout.tp_group(rank), layout.dp_group(rank)])
+        fault.add(layout, rank, probe)
+        if probe.items or fault.extra(layout, rank):
+            found.add(rank)
+    return found
+
+
+def write_case(
+    case: str, directory: Path, layout: Layout, ranks: range | None = None, base: Path | None = None
+) -> None:
+    """Write ``case``'s dumps (of ``ranks``, all by default: a pool of writers splits them) and files; with ``base``
+    (:func:`write_base`'s folder), the ranks the case does not touch are linked to the base's files."""
     fault = CASES[case]
     directory.mkdir(parents=True, exist_ok=True)
     missing = fault.no_dump(layout)
-    buffer = 2 * layout.rounds
+    changed = touched(case, layout) if base is not None else None
     for rank in ranks if ranks is not None else range(layout.world):
         if rank in missing:
             continue
-        entries = _history(layout, rank, fault.extra(layout, rank))
-        fault.add(layout, rank, entries)
-        data = pickle.dumps(entries.dump(buffer), protocol=2)
-        (directory / f"nccl_trace_rank_{rank}").write_bytes(data)
+        if changed is not None and rank not in changed:
+            os.link(base / f"nccl_trace_rank_{rank}", directory / f"nccl_trace_rank_{rank}")
+            continue
+        _write(directory, layout, rank, fault)
     c = culprit(layout.world)
     if fault.stack is not None and (ranks is None or c in ranks):
         what, places, counters = fault.stack

@@ -63,6 +63,7 @@ __all__ = [
     "build_report",
     "main",
     "preflight_summary",
+    "quick_first_line",
     "render",
     "torch_analyzer",
 ]
@@ -169,6 +170,27 @@ def _check_first(run: RunFiles, sidecars: Mapping[int, Mapping[str, Any]], world
     return check
 
 
+def _prepare(
+    directory: Path, world: int | None, environ: Mapping[str, str] | None
+) -> tuple[RunFiles, dict[int, dict[str, Any]], dict[int, RankStack], dict[int, Progress]]:
+    """The run's files, its group maps (the world they state checked against every file rank), its stacks, and the
+    progress judged from them."""
+    run = find_run(directory, environ)
+    sidecars = read_sidecars(run)
+    _early_world(run, sidecars, world)
+    stacks = read_stacks(run.stacks, run.root)
+    return run, sidecars, stacks, judge_all(stacks, run.root)
+
+
+def quick_first_line(
+    directory: str | Path, *, world: int | None = None, environ: Mapping[str, str] | None = None
+) -> QuickLine | None:
+    """The quick first line the command prints first where the dumps are many (:mod:`.quick`), alone: None where it
+    does not apply."""
+    run, sidecars, stacks, progress = _prepare(Path(directory), world, environ)
+    return quick_line(run, sidecars, stacks, progress, world)
+
+
 def build_report(
     directory: str | Path,
     *,
@@ -187,11 +209,7 @@ def build_report(
     newest entries tell it, before every entry is read.
     """
     directory = Path(directory)
-    run = find_run(directory, environ)
-    sidecars = read_sidecars(run)
-    _early_world(run, sidecars, world)
-    stacks = read_stacks(run.stacks, run.root)
-    progress = judge_all(stacks, run.root)
+    run, sidecars, stacks, progress = _prepare(directory, world, environ)
     quick = quick_line(run, sidecars, stacks, progress, world) if early is not None else None
     if quick is not None and early is not None:
         early(quick.line)

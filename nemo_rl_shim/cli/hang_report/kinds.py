@@ -69,7 +69,12 @@ LABELS = {
     ("agree", None): "every rank agrees",
 }
 _ALSO = re.compile(r" \(also [^()]*\)")
+_WHOSE = re.compile(r"\((?:its stack|their stacks), ")
+_WORKING = re.compile(r"; working: ")
 _PATH = re.compile(r"(?<![\w.])(?:[A-Za-z]:)?[/\\](?:[^\s:;()\"',]+[/\\])+(?=[^\s/\\:;()\"',]+:\d)")
+#: What :func:`fit_line` drops, in turn, from a line too long: the folders of paths, a group's other axes, the words
+#: "its stack, " and "working: " (the kind says both).
+_SHORTER = ((_PATH, ""), (_ALSO, ""), (_WHOSE, "("), (_WORKING, "; "))
 
 
 @dataclass(frozen=True)
@@ -111,15 +116,18 @@ class Kind:
 def fit_line(label: str, body: str, action: str, limit: int = MAX_LINE_CHARS) -> str:
     """``label: body; action`` (``body; action`` where the body starts with the label's words) in at most ``limit``
     characters: the folders of paths dropped first (``train.py:57`` stays), then a group's other axes (``default (also
-    dp, tp), ranks 0-3`` -> ``default, ranks 0-3``), then the body cut in its middle; the label and the action are kept
-    whole."""
+    dp, tp), ranks 0-3`` -> ``default, ranks 0-3``), then the words the kind already says (``its stack, ``,
+    ``working: ``), then the body cut in its middle; the label and the action are kept whole."""
     tail = f"; {action}" if action else ""
     head = "" if body.startswith(label) else f"{label}: "  # "cannot tell whether ...": the kind's words already
-    for shorter in (body, _PATH.sub("", body), _ALSO.sub("", _PATH.sub("", body))):
-        line = f"{head}{shorter}{tail}"
+    line = f"{head}{body}{tail}"
+    for pattern, replacement in _SHORTER:
         if len(line) <= limit:
             return line
-    body = _ALSO.sub("", _PATH.sub("", body))
+        body = pattern.sub(replacement, body)
+        line = f"{head}{body}{tail}"
+    if len(line) <= limit:
+        return line
     room = max(0, limit - len(head) - len(tail) - 1)
     return f"{head}{body[: room // 2]}…{body[len(body) - (room - room // 2) :]}{tail}"[:limit]
 

@@ -39,7 +39,7 @@ __all__ = ["GROWTH", "QUICK_FROM_BYTES", "ROUNDS", "WINDOW", "QuickLine", "quick
 #: Runs whose dumps hold fewer bytes are read in full at once (a few seconds at most).
 QUICK_FROM_BYTES = 256 << 20
 #: Newest entries read per rank at first; times :data:`GROWTH` for a rank read further; rounds of reading further.
-WINDOW = 64
+WINDOW = 32
 GROWTH = 8
 ROUNDS = 3
 #: Files per reader process in the quick read (each costs milliseconds: more per process than the full reading).

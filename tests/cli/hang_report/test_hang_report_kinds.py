@@ -166,6 +166,16 @@ def test_a_long_line_keeps_its_kind_and_action_within_400_characters() -> None:
         "never came (stuck in Python): rank 3 did not enter all_reduce #6: at train.py:57 in step (its stack); "
         "fix: what rank 3 waits for at train.py:57 in step"
     )
+    slow = (
+        "rank 517 did not enter all_reduce #1001 on tp (also cp), ranks 512-519: at /a/ckpt.py:88 in write (its stack, "
+    )
+    slow += (
+        '607.0 s into "checkpoint save"; working: stack moved; CPU +1.8 s in 2.0 s); ranks 512-516 waited ' + "w" * 175
+    )
+    fitted = fit_line("still working", slow, "fix: extended_timeout(ctx, 51)")
+    assert len(fitted) <= MAX_LINE_CHARS and "…" not in fitted, fitted
+    assert 'at ckpt.py:88 in write (607.0 s into "checkpoint save"; stack moved; CPU +1.8 s in 2.0 s)' in fitted
+    assert "on tp, ranks 512-519" in fitted, "the group's other axes go before any of its words"
     huge = fit_line("mismatch (sizes)", "x" * 5000, "fix: the sizes")
     assert len(huge) == MAX_LINE_CHARS and huge.startswith("mismatch (sizes): x") and huge.endswith("; fix: the sizes")
     assert "…" in huge

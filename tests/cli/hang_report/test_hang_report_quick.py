@@ -2,7 +2,7 @@
 entry is read; the full reading follows and stands.
 
 The dumps are the catalogue's (:mod:`tests.harness.kind_scenarios`, pickled as torch pickles them: protocol 2) at 16
-ranks of 400 entries, so that a window of 64 is not the whole. The quick read applies here from 0 bytes
+ranks of 400 entries, so that a window of 32 is not the whole. The quick read applies here from 0 bytes
 (``from_bytes=0``; the command applies it from ``QUICK_FROM_BYTES``). ``benchmarks/hang_kinds.py`` measures it at
 1,024 and 8,192 ranks. Hostile bytes: a window is read, or refused in one line, or left to the full reading.
 """
@@ -104,7 +104,7 @@ def test_the_quick_line_is_the_full_readings_kind_and_ranks(cases, case: str) ->
 
 def test_a_member_whose_window_does_not_reach_back_is_read_further(tmp_path: Path) -> None:
     """The culprit never entered its tp all_reduce; it then ran 100 all_reduces on a group of its own, so its window
-    of 64 holds no tp entry: out of reach, not behind. It is read further (512 entries), and then it is behind."""
+    of 32 holds no tp entry: out of reach, not behind. It is read further (256 entries), and then it is behind."""
     from tests.harness import kind_scenarios
 
     write_case("never_came_python", tmp_path, LAYOUT)
