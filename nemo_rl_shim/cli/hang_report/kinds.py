@@ -4,8 +4,9 @@ The first line starts with the kind, then who and where (:mod:`.where`), then wh
 most :data:`MAX_LINE_CHARS` characters. The kinds (``Kind.name``; ``variant`` says more):
 
 * ``never_came``: a rank did not enter the collective its peers wait in, and was not working: stuck in Python
-  (``python``), in another collective (``elsewhere``), in a C call that holds the GIL (``gil``: a stack but no
-  dump, its dump watcher could not run), or dead (``dead``: no dump, no stack); ``unplaced`` without a stack;
+  (``python``), in another collective (``elsewhere``: its stack inside ``torch.distributed``, with a dump or not),
+  in a C call that holds the GIL (``gil``: a stack outside ``torch.distributed`` but no dump, its dump watcher could
+  not run), or dead (``dead``: no dump, no stack); ``unplaced``: a dump but no stack;
 * ``still_working``: the rank that did not enter was making progress (:mod:`.progress`): a timeout too short for
   the phase it was in, with the timeout that would have held;
 * ``mismatch`` (``op`` or ``sizes``) and ``skipped_collective`` (one side called the op from another place: it
@@ -184,7 +185,7 @@ def _never_came(finding: Finding, stacks: Mapping[int, RankStack], progress: Map
     if finding.kind == "missing" and placed and did_not_enter(finding, stacks):
         text = f"fix: the C call {who} {'is' if len(finding.ranks) == 1 else 'are'} in at {_place(stacks[placed[0]])}"
         return Kind("never_came", "gil", tuple(finding.ranks), body, Suggestion(text + " holds the GIL"), evidence)
-    if finding.kind == "missing":
+    if finding.kind == "missing" and not placed:
         text = f"fix: {who}'s host: its process ended or hung (its log, memory, GPU)"
         return Kind("never_came", "dead", tuple(finding.ranks), body, Suggestion(text), evidence)
     if not placed:

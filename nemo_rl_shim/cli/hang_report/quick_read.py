@@ -90,74 +90,73 @@ class Window:
     whole: bool
 
 
+def _op_end(data: bytes, pos: int) -> int:
+    """Where the opcode at ``pos`` ends (its argument or data included); -1 where it is not one of plain protocol
+    2/3 data, or the bytes end inside it."""
+    op, size = data[pos], len(data)
+    if op in _LEN4:
+        end = pos + 5 + int.from_bytes(data[pos + 1 : pos + 5], "little") if pos + 5 <= size else size + 1
+    elif op in _LEN1:
+        end = pos + 2 + data[pos + 1] if pos + 2 <= size else size + 1
+    elif op in _FIXED:
+        end = pos + 1 + _FIXED[op]
+    else:
+        return -1
+    return end if end <= size else -1
+
+
 def _walk(data: bytes, wanted: int, slot: int = -1) -> _Head | None:
     """The head walked opcode by opcode (nothing built) to the end of an entry: the ``wanted``-th, or the first after
     memo slot ``slot`` was filled. None where it is not plain protocol 2/3 data, or ends before (the caller reads
     more)."""
     if len(data) < 2 or data[0] != 0x80 or data[1] not in (2, 3):
         return None
-    pos, depth, size = 2, 0, len(data)
+    pos, depth = 2, 0
     strings: dict[int, bytes] = {}  # memo slot -> a string's bytes (to find the key "entries" however written)
-    last_text: bytes | None = None
-    in_list, entry_start, first_entry, entries, key_op = 0, -1, -1, 0, b""
-    pending_key = False  # the op after an entry's MARK is its first key
-    filled = -1  # the highest memo slot filled so far
-    while pos < size:
-        op, start = data[pos], pos
-        pos += 1
-        if op in _LEN4:
-            if pos + 4 > size:
-                return None
-            pos += 4 + int.from_bytes(data[pos : pos + 4], "little")
-        elif op in _LEN1:
-            if pos + 1 > size:
-                return None
-            pos += 1 + data[pos]
-        elif op in _FIXED:
-            pos += _FIXED[op]
-        else:
-            return None  # not plain protocol 2/3 data: read in full
-        if pos > size:
+    text: bytes | None = None  # the string the last opcode pushed
+    in_list, entry_start, first_entry, entries, key_op, filled = 0, -1, -1, 0, b"", -1
+    first_key = False  # the opcode after an entry's MARK is its first key
+    while pos < len(data):
+        op, start, pos = data[pos], pos, _op_end(data, pos)
+        if pos < 0:
             return None
-        if pending_key:
-            pending_key = False
+        if first_key:
+            first_key = False
             if entries == 1 and not key_op:
                 if op not in (_BINGET, _LONG_BINGET):
                     return None
                 key_op = data[start:pos]
-        if op == _BINUNICODE:
-            last_text = data[start + 5 : pos]
-        elif op in (_BINGET, _LONG_BINGET):
-            last_text = strings.get(int.from_bytes(data[start + 1 : pos], "little"))
-        elif op in (_BINPUT, _LONG_BINPUT):
+        if op in (_BINPUT, _LONG_BINPUT):
             index = int.from_bytes(data[start + 1 : pos], "little")
             filled = max(filled, index)
-            if last_text is not None:
-                strings[index] = last_text
+            if text is not None:
+                strings[index] = text
             continue  # a memo slot changes nothing of what came before it
-        elif op == _MARK:
+        if op == _MARK:
             depth += 1
-            if in_list and depth == in_list + 1 and entry_start >= 0:
-                pending_key = True
+            first_key = in_list > 0 and depth == in_list + 1 and entry_start >= 0
+            in_list = depth if in_list == -1 else in_list
         elif op in (_APPENDS, _TUPLE, _POP_MARK):
             depth -= 1
-            if in_list and depth < in_list:
+            if in_list > 0 and depth < in_list:
                 return None  # the entries ended inside the head: a small dump, read in full
         elif op == _SETITEMS:
             depth -= 1
-            if in_list and depth == in_list and entry_start >= 0:
+            if in_list > 0 and depth == in_list and entry_start >= 0:
                 entries, entry_start = entries + 1, -1
                 if entries >= wanted and key_op and filled >= slot:
                     return _Head(pos, first_entry, key_op, entries)
-        elif op == _EMPTY_LIST and depth == 1 and last_text == _ENTRIES and not in_list:
+        elif op == _EMPTY_LIST and depth == 1 and text == _ENTRIES and not in_list:
             in_list = -1  # the entries list: its MARK comes next (after a memo slot, maybe)
         elif op == _EMPTY_DICT and in_list > 0 and depth == in_list:
             entry_start = start
             first_entry = start if first_entry < 0 else first_entry
-        if op == _MARK and in_list == -1:
-            in_list = depth
-        if op != _BINUNICODE and op not in (_BINGET, _LONG_BINGET):
-            last_text = None
+        if op == _BINUNICODE:
+            text = data[start + 5 : pos]
+        elif op in (_BINGET, _LONG_BINGET):
+            text = strings.get(int.from_bytes(data[start + 1 : pos], "little"))
+        else:
+            text = None
     return None
 
 

@@ -193,3 +193,29 @@ def test_a_finding_of_every_kind_has_a_label() -> None:
         finding = Finding(kind, group, [1], 3, op, waiting, None, 0, "op x (rank 1) where rank 0 has y")
         found = _of_finding(finding, {}, {})
         assert found.label and len(found.line) <= MAX_LINE_CHARS, (kind, found)
+
+
+def test_a_rank_without_a_dump_is_placed_by_its_stack(tmp_path: Path) -> None:
+    """No dump: dead without a stack; a C call holding the GIL with one outside torch.distributed; waiting in another
+    collective with one inside it (alive, its dump not written)."""
+    from nemo_rl_shim.cli.hang_report.kinds import _of_finding
+    from nemo_rl_shim.cli.hang_report.stacks import parse_stack
+    from nemo_rl_shim.flight_recorder.names import HEADER
+
+    group = GroupState("0", (0, 1, 2, 3), ["default"])
+    finding = Finding("missing", group, [3], 6, "all_reduce", [0, 1, 2], 3.0, 0)
+    header = HEADER + json.dumps({"rank": 3, "pid": 1, "thread": "0x01", "what": "train step", "after_s": 8.0})
+    torch_frame = (
+        '  File "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 1 in barrier\n'
+    )
+    inside = header + "\nTimeout (0:00:08)!\nThread 0x01 (most recent call first):\n" + torch_frame
+    inside += '  File "/job/train.py", line 9 in step\n'
+    outside = (
+        header + '\nTimeout (0:00:08)!\nThread 0x01 (most recent call first):\n  File "/job/c.py", line 4 in pack\n'
+    )
+    kinds = {}
+    for name, text in (("dead", None), ("gil", outside), ("elsewhere", inside)):
+        stacks = {} if text is None else {3: parse_stack(text, 3, tmp_path / "s")}
+        found = _of_finding(finding, stacks, {})
+        kinds[name] = (found.name, found.variant)
+    assert kinds == {n: ("never_came", n) for n in ("dead", "gil", "elsewhere")}, kinds
