@@ -252,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
             found = facts["cases"][case]
             print(f"{world} {case}: right={found['right']} first={found['command'].get('first_s')} s "
                   f"{found['command'].get('line', '')[:160]}", flush=True)  # fmt: skip
+            partial = args.dumps / "partial.json"  # what was measured so far, should a later case fail
+            partial.write_text(json.dumps({**results, world: facts}, indent=1, default=str))
         facts["load_after"] = list(os.getloadavg())
         results[world] = facts
         if not args.keep:

@@ -398,9 +398,10 @@ def touched(case: str, layout: Layout) -> set[int]:
     fault = CASES[case]
     found = set(fault.no_dump(layout))
     for rank in range(layout.world):
-        probe = _Entries(rank, [layout.default(), layout.tp_group(rank), layout.dp_group(rank)])
+        extra = fault.extra(layout, rank)
+        probe = _Entries(rank, [layout.default(), layout.tp_group(rank), layout.dp_group(rank), *extra])
         fault.add(layout, rank, probe)
-        if probe.items or fault.extra(layout, rank):
+        if probe.items or extra:
             found.add(rank)
     return found
 

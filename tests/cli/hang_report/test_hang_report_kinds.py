@@ -219,3 +219,17 @@ def test_a_rank_without_a_dump_is_placed_by_its_stack(tmp_path: Path) -> None:
         found = _of_finding(finding, stacks, {})
         kinds[name] = (found.name, found.variant)
     assert kinds == {n: ("never_came", n) for n in ("dead", "gil", "elsewhere")}, kinds
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_case_on_the_base_is_the_case_written_whole(cases, case: str, tmp_path: Path) -> None:
+    """benchmarks/hang_kinds.py writes a case as the base's files (linked) and the ranks it touches: the same files."""
+    from tests.harness.kind_scenarios import touched, write_base
+
+    write_base(tmp_path / "base", LAYOUT)
+    write_case(case, tmp_path / "linked", LAYOUT, base=tmp_path / "base")
+    whole = sorted(p.name for p in cases[case].iterdir())
+    assert sorted(p.name for p in (tmp_path / "linked").iterdir()) == whole
+    for name in whole:
+        assert (tmp_path / "linked" / name).read_bytes() == (cases[case] / name).read_bytes(), name
+    assert 0 < len(touched(case, LAYOUT)) <= 12, "a case touches the culprit's tp group, or the ring's three"
