@@ -21,7 +21,8 @@ Measured per case, each in a fresh process:
 Targets (#35): at least 95% of the cases right; the first line within 20 s at 8,192 ranks; never exit 0. The machine
 is shared: its load average is recorded before and after each size.
 
-Run: ``uv run python benchmarks/hang_kinds.py [--ranks 1024 8192] [--full-at 1024] [--dumps /tmp/hang-kinds]``;
+Run: ``uv run python benchmarks/hang_kinds.py [--ranks 1024 8192] [--full-at 1024] [--full-cases ...]
+[--dumps /tmp/hang-kinds]``;
 writes ``benchmarks/results/hang_kinds.json``. The dumps (3.5 GB at 8,192 ranks) are deleted at the end unless
 ``--keep``.
 """
@@ -227,8 +228,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ranks", type=int, nargs="+", default=list(SIZES))
     parser.add_argument("--cases", nargs="+", default=None)
     parser.add_argument("--full-at", type=int, nargs="*", default=[1024], help="sizes whose command runs to its end")
+    parser.add_argument("--full-cases", nargs="*", default=None, help="of those, only these cases (default: all)")
     parser.add_argument("--dumps", type=Path, default=Path("/tmp/hang-kinds"))
     parser.add_argument("--keep", action="store_true", help="keep the base dumps")
+    parser.add_argument("--merge", action="store_true", help="keep the other sizes of the last run's raw results")
     parser.add_argument("--child-first", dest="child_first")
     parser.add_argument("--child-floor", dest="child_floor")
     args = parser.parse_args(argv)
@@ -248,7 +251,8 @@ def main(argv: list[str] | None = None) -> int:
         facts["floor"] = _run_child("floor", base, COMMAND_BOUND_S)
         facts["cases"] = {}
         for case in cases:
-            facts["cases"][case] = measure_case(case, world, base, args.dumps, world in args.full_at)
+            to_the_end = world in args.full_at and (args.full_cases is None or case in args.full_cases)
+            facts["cases"][case] = measure_case(case, world, base, args.dumps, to_the_end)
             found = facts["cases"][case]
             print(f"{world} {case}: right={found['right']} first={found['command'].get('first_s')} s "
                   f"{found['command'].get('line', '')[:160]}", flush=True)  # fmt: skip
@@ -258,6 +262,11 @@ def main(argv: list[str] | None = None) -> int:
         results[world] = facts
         if not args.keep:
             shutil.rmtree(args.dumps / f"ranks{world}", ignore_errors=True)
+    raw = ROOT / "benchmarks" / "results" / "raw" / "hang_kinds.json"
+    if args.merge and raw.exists():  # the sizes measured in an earlier run, each with its own load
+        earlier = json.loads(raw.read_text()).get("results", {})
+        results = {**{int(w): facts for w, facts in earlier.items() if int(w) not in results}, **results}
+        results = dict(sorted(results.items()))
     every = [c for r in results.values() for c in r["cases"].values()]
     right = sum(c["right"] for c in every) / max(1, len(every))
     exits = [c["command"]["exit_code"] for c in every if c["command"].get("ran_to_the_end")]
