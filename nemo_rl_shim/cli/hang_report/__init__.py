@@ -234,6 +234,9 @@ def main(
         return report.exit_code, encodable(text)
     except DumpError as e:
         return _refusal(directory, encodable(f"hang-report: {clean(str(e), limit=2000)}"), as_json)
+    except MemoryError:  # this process's own limit (the readers' are theirs): not a defect, not a stall
+        line = f"hang-report: reading {shown_path(directory)} needs more memory than this process may have"
+        return _refusal(directory, encodable(line), as_json)
     except Exception as e:  # a defect of the report itself: still one line and exit 2, never read as a stall
         line = f"hang-report: could not read {shown_path(directory)}: {first_line(e)} (a defect of hang-report)"
         return _refusal(directory, encodable(clean(line, limit=2000)), as_json)
