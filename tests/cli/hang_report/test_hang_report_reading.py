@@ -254,3 +254,23 @@ def test_dump_format_constants_are_what_the_docs_say() -> None:
     cap, how = dump_format.dump_cap({})
     assert cap == 4 * 2000 * (16 << 10) + (64 << 20) and how.startswith("4 recorders x 2,000 entries")
     assert dump_format.dump_cap({"TORCH_FR_BUFFER_SIZE": "20000"})[0] == 4 * 20000 * (16 << 10) + (64 << 20)
+
+
+def test_gloo_saying_completed_is_not_evidence(tmp_path: Path) -> None:
+    """Gloo's entries marked 'completed' with completion times (as NCCL's would be): still not evidence that they
+    finished, since Gloo's recorder retires a collective that timed out as one that finished. Exit 1, unconfirmed;
+    the same entries under NCCL's name read healthy."""
+    for lib, code in (("gloo", 1), ("nccl", 0)):
+        clock, folder = Clock(), tmp_path / lib
+        ranks = [Rank(r, [WORLD], clock, lib=lib) for r in range(2)]
+        for _ in range(3):
+            for rank in ranks:
+                rank.collective(WORLD)
+            clock.settle()
+        for rank in ranks:
+            write(folder, rank)
+        report = hang_report.build_report(folder)
+        assert report.exit_code == code, (lib, report.line)
+        if lib == "gloo":
+            assert [f.kind for f in report.findings] == ["unconfirmed"], report.line
+            assert not report.dumps[0].recorder("gloo").tracks_completion
