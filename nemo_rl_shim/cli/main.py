@@ -29,6 +29,7 @@ import traceback
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
 if TYPE_CHECKING:
@@ -271,6 +272,22 @@ def _usage_problem(args: argparse.Namespace) -> str | None:
     return None
 
 
+def _config_file_problem(path: str | None) -> str | None:
+    """The config file itself, read before torch is imported: a FIFO, a device or an alias bomb is refused at once.
+    A missing file, or YAML that does not parse, is left to the full reading, which names the chain of files."""
+    if path is None or not os.path.lexists(path):
+        return None
+    from nemo_rl_shim.cli.nemo_rl.config_file import ConfigFileError, load_yaml
+
+    try:
+        load_yaml(Path(path))
+    except ConfigFileError as e:
+        return str(e)
+    except Exception:  # YAML or OmegaConf's own error: the full reading says it, with the chain of files
+        return None
+    return None
+
+
 def _run_preflight(args: argparse.Namespace, out: TextIO) -> PreflightReport:
     """The report of the run ``args`` ask for (``ValueError``/``OSError``: bad input)."""
     from nemo_rl_shim.cli import preflight
@@ -296,11 +313,11 @@ def _run_preflight(args: argparse.Namespace, out: TextIO) -> PreflightReport:
 
 
 def _preflight(args: argparse.Namespace, out: TextIO) -> int:
-    from nemo_rl_shim.cli import preflight
-
-    problem = _usage_problem(args)
+    problem = _usage_problem(args) or _config_file_problem(args.config)
     if problem is not None:
         return _refuse(args, out, problem, EXIT_USAGE)
+    from nemo_rl_shim.cli import preflight
+
     try:
         report = _run_preflight(args, out)
     except (OSError, ValueError) as e:

@@ -7,17 +7,22 @@ where, the others waited. Then the groups by shape, the other findings, the stac
 grouped, the outliers first), the dumps, and, with ``--torch-analyzer``, what torch's own analyzer made of them.
 
 Split by job, as torch's own ``flight_recorder/`` keeps loader, builder and types apart:
-:mod:`.loader` (finding the dumps, reading many in processes), :mod:`.dump_format` (torch's dump format,
-read as untrusted input through :mod:`.safe_pickle`), :mod:`.records` (the typed records), :mod:`.world`
-(the run's ranks, from the dumps' own records), :mod:`.analysis` (who did not join),
+:mod:`.folder` (which files of a folder are one run's), :mod:`.loader` (reading them in forked readers bounded by
+their bytes), :mod:`.dump_format` (torch's dump format, read as untrusted input through :mod:`.safe_pickle` and
+:mod:`nemo_rl_shim.cli.untrusted_file`, bounded by :mod:`.bounds`), :mod:`.group_records` (a group's members as a
+record lists them), :mod:`.schema` (every field checked, before a healthy verdict), :mod:`.records` (the typed
+records), :mod:`.world` (the run's ranks, from records or ``--world``), :mod:`.analysis` (who did not join),
 :mod:`.torch_analyzer` (torch's analyzer, one line whatever it does), :mod:`.stacks` (the stack files),
 :mod:`.where` (the first line, with places) and :mod:`.render` (text and JSON). This module is the command.
 
-Exit codes: 0 every rank agrees; 1 a stall, an unfinished collective or p2p op, a mismatch, a missing
-dump, or a stack written (a rank stayed in a watched block past its deadline); 2 a folder or file that
-cannot be read, a dump that is malformed or refused (it would run code), dumps that disagree on the world,
-or dumps that hold no entry to compare (one line on stderr naming the file; with ``--json`` the same line
-in a JSON object on stdout too).
+Exit codes: 0 only with evidence: every rank of a known world left a dump, every group's last collective is known
+to have finished, and every field of every dump was checked; 1 a stall, an unfinished collective or p2p op, a
+mismatch, a missing dump, a stack written (a rank stayed in a watched block past its deadline), or what cannot be
+told (a world no record states, a collective no recorder says finished: torch's Gloo dumps); 2 a folder or file
+that cannot be read or is not a regular file, a dump that is malformed or refused (it would run code, or expand
+past its bytes), dumps that disagree on the world, a folder of several runs, or dumps that hold no entry to
+compare (one line on stderr naming the file; with ``--json`` the same line in a JSON object on stdout too).
+Whatever else fails is exit 2 and one line too, never a traceback.
 
 Imports no torch: the report reads pickles, and a login node may have no torch. Of the library it reaches only
 :mod:`nemo_rl_shim.flight_recorder.names` and :mod:`nemo_rl_shim.one_line`; torch's analyzer imports torch when
@@ -267,6 +272,9 @@ def main(
         return report.exit_code, encodable(text)
     except DumpError as e:
         return _refusal(directory, encodable(f"hang-report: {clean(str(e), limit=2000)}"), as_json)
+    except MemoryError:  # this process's own limit (the readers' are theirs): not a defect, not a stall
+        line = f"hang-report: reading {shown_path(directory)} needs more memory than this process may have"
+        return _refusal(directory, encodable(line), as_json)
     except Exception as e:  # a defect of the report itself: still one line and exit 2, never read as a stall
         line = f"hang-report: could not read {shown_path(directory)}: {first_line(e)} (a defect of hang-report)"
         return _refusal(directory, encodable(clean(line, limit=2000)), as_json)

@@ -665,7 +665,7 @@ def reduce_dump(
             f"{shown_path(path)}: world_size {shim['world_size']}, where its group map says {side['world_size']}"
         )
     entries = raw["entries"]
-    if len({id(entry) for entry in entries}) != len(entries):
+    if len(set(map(id, entries))) != len(entries):
         raise DumpError(f"{shown_path(path)}: {_repeated(entries)}")
     seq_key = "seq_id" if entries and isinstance(entries[0], dict) and "seq_id" in entries[0] else "collective_seq_id"
     reading = _Reading(path, Budget.for_bytes(path, size), seq_key)

@@ -230,7 +230,7 @@ def _of_finding(finding: Finding, stacks: Mapping[int, RankStack], progress: Map
         text = "fix: a larger TORCH_FR_BUFFER_SIZE keeps the entries that would tell"
         return Kind("unclear", None, tuple(finding.waiting), body, Suggestion(text), evidence)
     text = f"fix: {who}'s host: its process, its dump folder, its log"
-    return Kind("no_dump", None, ranks, body.removeprefix("no dump "), Suggestion(text), evidence)
+    return Kind("no_dump", None, ranks, body, Suggestion(text), evidence)  # "no dump from ...": its kind's words
 
 
 def _circular(
@@ -250,7 +250,7 @@ def _without_finding(analysis: Analysis, stacks: Mapping[int, RankStack], progre
     stayed = _fired(sorted(stacks), stacks)
     evidence = {"progress": {r: progress[r].to_json() for r in stayed if r in progress}}
     if missing:
-        line = f"from {_ranks(missing)}"
+        line = f"no dump from {_ranks(missing)}"  # it starts with its kind's words
         text = f"fix: {_ranks(missing)}'s host: its process, its dump folder, its log"
         return Kind(
             "no_dump", None, tuple(missing), f"{line}; {places}" if places else line, Suggestion(text), evidence

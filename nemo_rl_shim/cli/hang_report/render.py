@@ -82,6 +82,9 @@ def _shape_line(kind: str, groups: list[GroupState], good: list[GroupState], uns
     if not good:
         return f"  {kind}: {count}{seen}, {'disagreeing' if len(groups) > 1 else 'disagrees'}"
     tops = [_top(g) for g in good]
+    if seen:  # a member that never recorded an op of it cannot be seen: never "all at"
+        which = "its" if len(groups) == 1 else "their"
+        return f"  {kind}: {count} seen, members not recorded: {which} ranks at {_at(tops)}"
     at = _at(tops) if max(tops) == 0 else ("all at " if len(set(tops)) == 1 else "at ") + _at(tops)
     bad = len(groups) - len(good)
     but = "" if not bad else f" but {'one' if bad == 1 else bad}"

@@ -6,7 +6,8 @@ before it is given, every dump is read again and :func:`check_dump` looks at all
 
 * **Keys.** Every entry of one recorder holds the same keys (``duration_ms``, which NCCL writes only for an op it
   timed, aside), among them torch's core keys (``process_group``, ``profiling_name``, ``state``, the sequence
-  number, the times, the sizes; and, where the format has ``is_p2p``, the rest of what torch 2.4 and later write).
+  number, the times, the sizes; and, where the format has ``is_p2p``, the rest of what torch 2.4 and later write,
+  and beside the entries ``version``, ``pg_config``, ``pg_status`` and ``comm_lib_version``).
 * **Types and ranges.** Each known key holds the type torch writes: counts in int64's range, text that UTF-8 can
   write (no lone surrogate), shapes of ints, a state among ``scheduled``/``started``/``completed``, frames of
   ``(name, filename, line)``; ``pg_config`` and ``pg_status`` likewise. Keys torch may add later are left alone.
@@ -20,6 +21,7 @@ dump's :class:`~.bounds.Budget`.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -30,7 +32,7 @@ from nemo_rl_shim.cli.hang_report.group_records import groups_from_map
 from nemo_rl_shim.cli.hang_report.records import DumpError
 from nemo_rl_shim.one_line.printable import shown, shown_path
 
-__all__ = ["CORE_KEYS", "MODERN_KEYS", "OPTIONAL_KEYS", "check_dump", "confirm"]
+__all__ = ["CORE_KEYS", "MODERN_KEYS", "OPTIONAL_KEYS", "TOP_KEYS", "check_dump", "confirm"]
 
 #: Every entry of every format holds these (and ``collective_seq_id``, or ``seq_id`` before torch 2.4).
 CORE_KEYS = frozenset(
@@ -50,6 +52,8 @@ MODERN_KEYS = CORE_KEYS | {
     "timeout_ms",
     "is_p2p",
 }
+#: Where entries hold ``is_p2p``, the dump holds these beside them.
+TOP_KEYS = ("version", "pg_config", "pg_status", "comm_lib_version")
 #: Keys an entry may hold or not, whatever the others hold.
 OPTIONAL_KEYS = frozenset({"duration_ms"})
 _STATES = ("scheduled", "started", "completed")
@@ -146,16 +150,13 @@ def _frames(value: Any, seen: set[int], budget: Budget) -> str | None:
     return None
 
 
-def _entry_keys(entry: Any, path: Path, index: int) -> frozenset[str]:
-    """The keys every entry of a recorder must hold: its first entry's (optional ones aside), which must include the
-    core keys of its format."""
-    if type(entry) is not dict:
-        raise DumpError(f"{shown_path(path)}: entry {index} is {shown(entry)}, not a dict")
-    keys = frozenset(entry) - OPTIONAL_KEYS
+def _entry_keys(keys: frozenset[str], path: Path) -> frozenset[str]:
+    """The keys every entry of a recorder must hold (those most of them hold), which must include the core keys of
+    its format."""
     required = MODERN_KEYS if "is_p2p" in keys else CORE_KEYS | {"seq_id" if "seq_id" in keys else "collective_seq_id"}
     if not required <= keys:
         lacks = ", ".join(repr(k) for k in sorted(required - keys))
-        raise DumpError(f"{shown_path(path)}: entry {index} lacks {lacks}, which torch writes in every entry")
+        raise DumpError(f"{shown_path(path)}: its entries lack {lacks}, which torch writes in every entry")
     return keys
 
 
@@ -165,20 +166,23 @@ def _recorder_of(entry: Any) -> str:
 
 
 def _check_entries(entries: list[Any], path: Path, budget: Budget) -> None:
-    """Every entry (see the module docstring): per recorder (the part of ``profiling_name`` before ``:``), the keys of
-    its first entry, and ``record_id`` s distinct."""
+    """Every entry (see the module docstring): per recorder (the part of ``profiling_name`` before ``:``), the keys
+    most of its entries hold, and ``record_id`` s distinct."""
     checks = _checks(budget)
     seen: set[int] = set()
-    keys: dict[str, frozenset[str]] = {}
+    budget.spend(len(entries), "the entries")
+    libs = [_recorder_of(entry) for entry in entries]
+    own = [frozenset(entry) - OPTIONAL_KEYS if type(entry) is dict else frozenset() for entry in entries]
+    common: dict[str, Counter[frozenset[str]]] = {}
+    for lib, keys in zip(libs, own, strict=True):
+        common.setdefault(lib, Counter())[keys] += 1
+    keys_of = {lib: _entry_keys(counts.most_common(1)[0][0], path) for lib, counts in common.items()}
     records: dict[str, set[int]] = {}
     for index, entry in enumerate(entries):
-        budget.spend(len(entry) if type(entry) is dict else 1, "the entries")
-        lib = _recorder_of(entry)
-        if lib not in keys:
-            keys[lib] = _entry_keys(entry, path, index)
-        problem = _entry_problem(entry, keys[lib], checks, seen, budget)
+        budget.spend(len(own[index]), "the entries")
+        problem = _entry_problem(entry, keys_of[libs[index]], checks, seen, budget)
         if problem is None:
-            ids = records.setdefault(lib, set())
+            ids = records.setdefault(libs[index], set())
             if entry["record_id"] in ids:
                 problem = f"'record_id' is {entry['record_id']}, which an earlier entry of its recorder has"
             ids.add(entry["record_id"])
@@ -216,25 +220,36 @@ def _entry_problem(
 
 def _check_top(raw: Mapping[str, Any], path: Path, budget: Budget) -> None:
     where = shown_path(path)
+    modern = any(type(e) is dict and "is_p2p" in e for e in raw["entries"][:1])
+    lacks = [key for key in TOP_KEYS if key not in raw] if modern else []
+    if lacks:
+        raise DumpError(f"{where}: lacks {', '.join(map(repr, lacks))}, which torch writes beside entries with is_p2p")
     for key in ("version", "comm_lib_version"):
         if key in raw and not _text(raw[key]):
             raise DumpError(f"{where}: {key!r} is {shown(raw[key])}, not text")
+    for key in ("pg_config", "pg_status"):
+        if key in raw and type(raw[key]) is not dict:
+            raise DumpError(f"{where}: {key!r} is {shown(raw[key])}, not a dict")
     for name, facts in (raw.get("pg_config") or {}).items():
         budget.spend(1 + (len(facts) if type(facts) is dict else 0), "pg_config")
-        if not _text(name) or type(facts) is not dict or not all(_text(facts.get(k)) for k in ("desc", "ranks")):
-            raise DumpError(
-                f"{where}: pg_config[{shown(name, typed=False)}] is {shown(facts)}, not (name, desc, ranks) as text"
-            )
+        ok = _text(name) and type(facts) is dict and all(_text(facts.get(k)) for k in ("name", "desc", "ranks"))
+        ok = ok and facts["name"] == name  # torch keys each group's config by its name
+        if not ok:
+            key = shown(name, typed=False)
+            raise DumpError(f"{where}: pg_config[{key}] is {shown(facts)}, not (name, desc, ranks) as text")
     for key, status in (raw.get("pg_status") or {}).items():
         budget.spend(1 + (len(status) if type(status) is dict else 0), "pg_status")
         ok = _text(key) and type(status) is dict
-        if not ok or not all(
-            _text(k) and (_text(v) or (type(v) is int and -1 <= v <= MAX_INT64)) for k, v in status.items()
-        ):
+        if not ok or not all(_counter(k, v) for k, v in status.items()):
             raise DumpError(f"{where}: pg_status[{shown(key, typed=False)}] is {shown(status)}, not a group's counters")
     shim = raw.get("nemo_rl_shim")
     if shim:
         groups_from_map(shim.get("groups") or {}, f"{where}: nemo_rl_shim.groups", budget)
+
+
+def _counter(key: Any, value: Any) -> bool:
+    """A ``pg_status`` field: a counter from -1 (none yet), or a work's name."""
+    return _text(key) and (_text(value) or (type(value) is int and -1 <= value <= MAX_INT64))
 
 
 def check_dump(path: Path, root: Path | None = None) -> None:

@@ -272,7 +272,7 @@ def test_a_stack_alone_is_a_finding_and_exits_1(tmp_path: Path) -> None:
     ), report.line
     assert report.line.endswith("; fix: what rank 3 waits for at data.py:57 in load_batch"), report.line
     missing = _report(tmp_path, [], [1])
-    assert missing.line.startswith("no dump: from rank 1; rank 3 stayed in a watched block"), missing.line
+    assert missing.line.startswith("no dump from rank 1; rank 3 stayed in a watched block"), missing.line
 
 
 def test_text_and_json_carry_the_stacks(tmp_path: Path) -> None:
