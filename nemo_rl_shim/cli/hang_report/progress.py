@@ -111,7 +111,7 @@ def _delta(first: Counters, last: Counters, keys: tuple[str, ...]) -> int | None
 
 
 def _megabytes(count: int) -> str:
-    if count >= 10**10:
+    if count >= 10**9:
         return f"{count / 1e9:.1f} GB"
     return f"{count / 1e6:.1f} MB" if count >= 100_000 else f"{count:,} bytes"
 
