@@ -232,6 +232,8 @@ def test_a_block_that_stays_is_sampled_three_times_with_counters_from_the_helper
     here = "test_a_block_that_stays_is_sampled_three_times_with_counters_from_the_helper"
     assert all(here in {f.function for f in s.frames} for s in stack.samples), "each sample is the watched thread's"
     assert [line["sample"] for line in lines] == [0, 1, 2]
+    taken = [line["t_ns"] for line in lines]
+    assert all(b - a >= INTERVAL_S * 0.9e9 for a, b in itertools.pairwise(taken)), "the helper's apart too"
     assert {line["entered_ns"] for line in lines} == {stack.entered_ns}, "the helper's lines name the header's block"
     assert lines[0]["tid"] == stack.tid == threading.get_native_id()
     written = [line["thread"]["io"]["wchar"] for line in lines]

@@ -45,6 +45,10 @@ def test_each_case_gives_its_kind_and_ranks_and_exits_1(cases, case: str) -> Non
     assert len(report.line) <= MAX_LINE_CHARS and report.line.startswith(f"{LABELS[EXPECTED[case]]}: "), report.line
     if kind.suggestion is not None:
         assert report.line.endswith(kind.suggestion.text), report.line
+    if case.startswith("never_came") or case in ("still_working", "mismatch", "did_not_finish"):
+        # where the culprit's peers wait, not an earlier collective they finished with it (a missing dump is named
+        # in both of its groups: the one whose peers still wait goes first)
+        assert " all_reduce #4 on tp, ranks 8-11" in report.line, report.line
 
 
 def test_still_working_names_the_phase_how_long_and_the_timeout_that_would_have_held(cases) -> None:

@@ -180,3 +180,28 @@ def test_hostile_bytes_give_a_window_none_or_one_line(cases, tmp_path_factory, d
         assert "\n" not in str(e)
         return
     assert found is None or found.entries >= 1
+
+
+def test_unfinished_work_older_than_every_window_is_read_further(tmp_path: Path) -> None:
+    """Every member of the culprit's tp group entered all_reduce #201 and none finished; then every rank ran 100
+    all_reduces on a group of its own. No window of 32 shows a tp or dp group: only ``pg_status`` (enqueued past
+    completed) says there is unfinished work. Those ranks are read further, and the quick line is the full
+    reading's."""
+    from tests.harness import kind_scenarios
+
+    write_case("all_entered_none_finished", tmp_path, LAYOUT)
+    group = LAYOUT.tp_group(culprit(LAYOUT.world))
+    for rank in range(LAYOUT.world):
+        solo = kind_scenarios._group(str(100 + rank), "mesh_solo", (rank,))
+        entries = kind_scenarios._history(LAYOUT, rank, [solo])
+        if rank in group.ranks:
+            entries.add(group, "all_reduce", at=2 * LAYOUT.rounds, state="scheduled")
+        for step in range(100):
+            entries.add(solo, "all_reduce", at=2 * LAYOUT.rounds + 1 + step)
+        data = pickle.dumps(entries.dump(2 * LAYOUT.rounds), protocol=2)
+        (tmp_path / f"nccl_trace_rank_{rank}").write_bytes(data)
+    found = _quick(tmp_path)
+    report = hang_report.build_report(tmp_path)
+    assert report.kind.name == "all_entered_none_finished" and report.kind.ranks == tuple(group.ranks), report.line
+    assert found is not None and set(group.ranks) <= set(found.read_further), found
+    assert found.line == report.line
