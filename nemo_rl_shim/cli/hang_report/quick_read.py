@@ -6,8 +6,9 @@ needs, per rank, the groups it is in and its newest entries. This reader takes b
 * **Only what torch writes.** Protocol 2 (and 3): every memo slot numbered by its ``BINPUT`` (torch's pickler, and
   Python's below protocol 4). The top level is torch's dict, ``entries`` a list of dicts. Anything else (protocol 4's
   frames and implicit memo, an opcode outside plain data) gives None: the dump is then read in full, as before.
-* **The head.** The first :data:`HEAD_BYTES` (more where the groups' ranks take more) are walked opcode by opcode,
-  building nothing, to the end of the entries' first :data:`HEAD_ENTRIES` entries; those bytes, closed by
+* **The head.** The first :data:`HEAD_BYTES` (more where the groups' ranks take more), to the end of the entries'
+  first :data:`HEAD_ENTRIES` entries: found by the byte patterns of the key ``entries`` and of an entry's start
+  (checked by unpickling them), else walked opcode by opcode, building nothing. Those bytes, closed by
   ``APPENDS SETITEMS STOP``, are unpickled by the plain-data unpickler (:mod:`.safe_pickle`): the top level before
   ``entries`` (``version``, ``pg_config``, ``pg_status``), the first entries, and the memo they filled (every
   string the later entries refer to: the keys, the group names, the op names, the frames).
@@ -160,6 +161,38 @@ def _walk(data: bytes, wanted: int, slot: int = -1) -> _Head | None:
     return None
 
 
+_PUT = rb"(?:q[\x00-\xff]|r[\x00-\xff]{4})?"
+_ENTRIES_OPEN = re.compile(rb"X\x07\x00\x00\x00entries" + _PUT + rb"\]" + _PUT + rb"\(")
+_ENTRY_OPEN = re.compile(rb"\}" + _PUT + rb"\(")
+
+
+def _found(data: bytes, wanted: int) -> _Head | None:
+    """Where the head ends, found without walking it: the key ``entries`` and its list opening, the first entry's
+    first key (a string and its memo slot, or a reference to one), then the ``wanted``-th next entry's start, where
+    an entry starts as the second does. A guess the unpickling checks (:func:`_head`): a match inside a string
+    fails it, and the walk (:func:`_walk`) is tried instead."""
+    opened = _ENTRIES_OPEN.search(data)
+    entry = _ENTRY_OPEN.match(data, opened.end()) if opened else None
+    if entry is None:
+        return None
+    key = entry.end()
+    if key >= len(data) or data[key] not in (_BINUNICODE, _BINGET, _LONG_BINGET):
+        return None
+    end = _op_end(data, key)
+    if end < 0:
+        return None
+    if data[key] != _BINUNICODE:
+        key_op = data[key:end]
+    elif end < len(data) and data[end] in (_BINPUT, _LONG_BINPUT) and _op_end(data, end) > 0:
+        slot = int.from_bytes(data[end + 1 : _op_end(data, end)], "little")
+        key_op = bytes([_BINGET, slot]) if slot < 256 else bytes([_LONG_BINGET]) + slot.to_bytes(4, "little")
+    else:
+        return None
+    starts = re.compile(_ENTRY_OPEN.pattern + re.escape(key_op)).finditer(data, end)
+    cut = next((m.start() for index, m in enumerate(starts, 1) if index == wanted), -1)
+    return _Head(cut, opened.end(), key_op, wanted) if cut > 0 else None
+
+
 def _unpickle(data: bytes, memo_of: PlainUnpickler | None = None) -> tuple[Any, PlainUnpickler]:
     """Plain data only (no code runs), starting from a copy of ``memo_of``'s memo; the reader, which holds the memo
     it ends with. (The memo is copied from another unpickler's memo: assigning a dict to ``Unpickler.memo`` leaves it
@@ -178,15 +211,19 @@ def _head(
     length = HEAD_BYTES
     for _ in range(8):
         size, (data,) = read_parts(path, [(0, length)], what="dump", root=root)
-        walked = _walk(data, wanted, slot)
-        if walked is not None:
+        guess = _found(data, wanted) if slot < 0 else None
+        for walked in (guess, None):
+            walked = walked or _walk(data, wanted, slot)
+            if walked is None:
+                break
             try:
                 top, memo = _unpickle(data[: walked.cut] + b"eu.")
-            except Exception:  # not a pickle after all: read in full, which says what is wrong
-                return None
-            if top_level_problem(top) is None and len(top["entries"]) == walked.entries:
+            except Exception:  # not a pickle after all, or a guess inside a string
+                top = None
+            if isinstance(top, dict) and top_level_problem(top) is None and len(top["entries"]) == walked.entries:
                 return size, walked, top, memo
-            return None
+            if walked is not guess:
+                return None  # walked, and still not: read in full, which says what is wrong
         if length >= size:
             return None
         length *= 4

@@ -20,7 +20,7 @@ is refused: a file name is the least trusted number of all (``nccl_trace_rank_99
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,10 +52,18 @@ def unrecorded_limit(dumps: int) -> int:
     return max(dumps, UNRECORDED_MISSING)
 
 
+def _bounds(ranks: Sequence[int]) -> tuple[int, int]:
+    """The lowest and the highest rank: a ``range`` (a mesh axis's group, the default group) at once, not by walking
+    it (thousands of dumps list the default group's thousands of ranks)."""
+    if isinstance(ranks, range) and ranks.step > 0:
+        return ranks.start, ranks[-1]
+    return min(ranks), max(ranks)
+
+
 def _statements(dump: RankDump) -> Iterable[tuple[int, str]]:
     listed = dump.default_ranks
     if listed is not None and len(listed):
-        if min(listed) != 0 or max(listed) != len(listed) - 1:  # distinct, so 0 .. n-1 exactly
+        if _bounds(listed) != (0, len(listed) - 1):  # distinct, so 0 .. n-1 exactly
             raise DumpError(
                 f"{shown_path(dump.path)}: its default group lists ranks {format_ranks(listed)}, not 0 to "
                 f"{len(listed) - 1}"
@@ -130,7 +138,7 @@ def world_of(dumps: Mapping[int, RankDump], given: int | None = None) -> World:
     check_ranks(world, dumps, {rank: dump.path for rank, dump in dumps.items()})
     for dump in dumps.values():
         for name, facts in dump.groups.items():
-            if facts.stated and len(facts.ranks) and max(facts.ranks) >= world.size:
+            if facts.stated and len(facts.ranks) and _bounds(facts.ranks)[1] >= world.size:
                 raise DumpError(
                     f"{shown_path(dump.path)}: group {name!r} lists rank {max(facts.ranks)}, outside the world of "
                     f"{world.size} ranks ({world.source})"

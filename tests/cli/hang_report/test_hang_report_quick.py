@@ -24,6 +24,7 @@ from nemo_rl_shim.cli.hang_report.folder import find_run
 from nemo_rl_shim.cli.hang_report.loader import read_sidecars
 from nemo_rl_shim.cli.hang_report.progress import judge_all
 from nemo_rl_shim.cli.hang_report.quick import quick_line
+from nemo_rl_shim.cli.hang_report.quick_read import _walk as _WALK
 from nemo_rl_shim.cli.hang_report.quick_read import read_window
 from nemo_rl_shim.cli.hang_report.records import DumpError
 from nemo_rl_shim.cli.hang_report.stacks import read_stacks
@@ -205,3 +206,26 @@ def test_unfinished_work_older_than_every_window_is_read_further(tmp_path: Path)
     assert report.kind.name == "all_entered_none_finished" and report.kind.ranks == tuple(group.ranks), report.line
     assert found is not None and set(group.ranks) <= set(found.read_further), found
     assert found.line == report.line
+
+
+def test_a_group_named_like_the_entries_opening_misleads_nothing(tmp_path: Path, monkeypatch) -> None:
+    """The head is first found by byte patterns; a group description holding those very bytes (the key ``entries``,
+    its list, an entry's start, twice) makes that guess fail its unpickling, and the walk finds the head instead."""
+    from nemo_rl_shim.cli.hang_report import quick_read
+
+    walks = []
+    monkeypatch.setattr(quick_read, "_walk", lambda *a: walks.append(a) or _WALK(*a))
+    fake = "X\x07\x00\x00\x00entries](}(X\x06\x00\x00\x00framesq\x05(}q\x01(h\x05 }q\x02(h\x05"
+    clock = Clock()
+    group = Group("0", fake, (0, 1))
+    rank = Rank(0, [group], clock)
+    for _ in range(300):
+        rank.collective(group)
+    path = tmp_path / "nccl_trace_rank_0"
+    path.write_bytes(pickle.dumps(rank.dump(), protocol=2))
+    assert fake.encode() in path.read_bytes()
+    window = read_window(path, 0, 32, None, tmp_path)
+    full = summarize(path, 0, None, root=tmp_path)
+    assert window is not None and window.entries == 32
+    assert window.dump.latest == full.latest and window.dump.groups == full.groups
+    assert walks, "the guess failed its unpickling: the head was walked"
