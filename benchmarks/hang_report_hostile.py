@@ -36,12 +36,18 @@ def _gloo(base: Path) -> dict[str, Path]:
     from nemo_rl_shim.cli.preflight.spawn import free_port, spawn_ranks
 
     folders = {}
-    for scenario, extra in (("healthy", {"rounds": 3}), ("sub_group_stall", {}), ("crossed", {})):
+    # a healthy run's collectives get a long timeout (a loaded machine must not make them time out)
+    for scenario, timeout_s, extra in (("healthy", 60, {"rounds": 3}), ("sub_group_stall", 3, {}), ("crossed", 3, {})):
         directory = base / scenario
         directory.mkdir(parents=True)
-        params = {"scenario": scenario, "timeout_s": 3, "grace_s": 3, "meet_port": free_port(), **extra}
+        params = {"scenario": scenario, "timeout_s": timeout_s, "grace_s": 3, "meet_port": free_port(), **extra}
         env = {"TORCH_FR_DUMP_TEMP_FILE": str(directory / "nccl_trace_rank_"), "CUDA_VISIBLE_DEVICES": ""}
-        spawn_ranks("tests.ranks.torch_fr:run_scenario", params, world_size=4, timeout_s=240, env=env, check=False)
+        results = spawn_ranks(
+            "tests.ranks.torch_fr:run_scenario", params, world_size=4, timeout_s=300, env=env, check=False
+        )
+        dumps = sorted(p.name for p in directory.iterdir())
+        if len(dumps) != 4:
+            raise RuntimeError(f"{scenario}: the ranks left {dumps}; errors {[r.error for r in results]}")
         folders[scenario] = directory
     return folders
 
@@ -84,12 +90,13 @@ def main(argv: list[str] | None = None) -> int:
     base = Path(tempfile.mkdtemp(prefix="hang-report-hostile-"))
     results: dict[str, Any] = {}
     try:
+        gloo = gloo_cases(base / "gloo")  # first: the ranks start before the machine is busy with the rest
         cases = []
         for index, case in enumerate(CASES):
             folder = base / f"case{index}"
             folder.mkdir()
             cases.append((case.name, case.build(folder), case.code, case.words[0]))
-        cases += gloo_cases(base / "gloo")
+        cases += gloo
         for name, command, code, words in cases:
             found = _measure(command, args.before)
             found["expected"] = code

@@ -8,7 +8,8 @@ before it is given, every dump is read again and :func:`check_dump` looks at all
   timed, aside), among them torch's core keys (``process_group``, ``profiling_name``, ``state``, the sequence
   number, the times, the sizes; and, where the format has ``is_p2p``, the rest of what torch 2.4 and later write,
   and beside the entries ``version``, ``pg_config``, ``pg_status`` and ``comm_lib_version``).
-* **Types and ranges.** Each known key holds the type torch writes: counts in int64's range, text that UTF-8 can
+* **Types and ranges.** Each known key holds the type torch writes, exactly (its pickler writes lists as lists, the
+  group as a tuple): counts in int64's range, text that UTF-8 can
   write (no lone surrogate), shapes of ints, a state among ``scheduled``/``started``/``completed``, frames of
   ``(name, filename, line)``; ``pg_config`` and ``pg_status`` likewise. Keys torch may add later are left alone.
 * **Consistency.** ``state`` is ``completed`` exactly where a completion time is, and ``started`` only with a start
@@ -75,11 +76,11 @@ def _optional_count(value: Any) -> bool:
 
 def _shapes(budget: Budget) -> Callable[[Any], bool]:
     def check(value: Any) -> bool:
-        if type(value) is not list and type(value) is not tuple:
+        if type(value) is not list:
             return False
         budget.spend(len(value), "sizes")
         for shape in value:
-            if type(shape) is not list and type(shape) is not tuple:
+            if type(shape) is not list:
                 return False
             budget.spend(len(shape), "sizes")
             if not all(type(d) is int and 0 <= d <= MAX_INT64 for d in shape):
@@ -91,7 +92,7 @@ def _shapes(budget: Budget) -> Callable[[Any], bool]:
 
 def _texts(budget: Budget) -> Callable[[Any], bool]:
     def check(value: Any) -> bool:
-        if type(value) is not list and type(value) is not tuple:
+        if type(value) is not list:
             return False
         budget.spend(len(value), "dtypes")
         return all(_text(v) for v in value)
@@ -100,7 +101,7 @@ def _texts(budget: Budget) -> Callable[[Any], bool]:
 
 
 def _process_group(value: Any) -> bool:
-    return (type(value) is tuple or type(value) is list) and len(value) == 2 and all(_text(v) for v in value)
+    return type(value) is tuple and len(value) == 2 and all(_text(v) for v in value)
 
 
 def _duration(value: Any) -> bool:
@@ -137,7 +138,7 @@ def _checks(budget: Budget) -> dict[str, tuple[Callable[[Any], bool], str]]:
 
 
 def _frames(value: Any, seen: set[int], budget: Budget) -> str | None:
-    if type(value) is not list and type(value) is not tuple:
+    if type(value) is not list:
         return f"'frames' is {shown(value)}, not a list of frames"
     budget.spend(len(value), "'frames'")
     for item in value:

@@ -7,7 +7,8 @@ by Hypothesis from what the set holds:
 
 * a key dropped (an entry's, the top level's, a ``pg_config`` group's);
 * a type swapped (a value replaced by one of a type torch never writes there);
-* an integer made huge (2**63, 10**400, 10**5000) or negative;
+* an integer made huge (2**63, 10**400, 10**5000) or negative (below -1 for ``pg_status``'s counters, whose -1 is
+  "none yet": ``pg_status`` is a hint, never evidence, so a counter within its range changes no verdict);
 * a shared reference (an entry that is another again; sizes that repeat one long shape; a description of shared
   nested lists);
 * deep nesting (a value wrapped in hundreds of lists);
@@ -68,14 +69,18 @@ COUNTS = ["record_id", "collective_seq_id", "p2p_seq_id", "op_id", "time_created
 TEXTS = ["profiling_name", "thread_name", "thread_id", "state"]
 SWAPS: list[Any] = [None, "x", 7, 2.5, math.nan, True, b"raw", [], {}, [["a"]], ("t",), {"k": 1}]
 HUGE = [2**63, 10**400, 10**5000, -1, -(2**70)]
+#: pg_status's counters run from -1 (none yet): these lie outside.
+OUTSIDE_COUNTERS = [2**63, 10**400, 10**5000, -2, -(2**70)]
 #: A group's ranks as torch's text, broken: repeated, past int64, not a list, not text, nested past Python's parser.
 PG_CONFIG_RANKS = [7, None, "[0, 0]", "[0, 1e400]", "[0, " + "9" * 5000 + "]", "[1, 2", "x\ud800", "[" * 10_000]
 
 
-def _gloo(base: Path, scenario: str, **extra: Any) -> Path:
+def _gloo(base: Path, scenario: str, timeout_s: int, **extra: Any) -> Path:
+    """Real Gloo ranks' dumps of ``scenario`` (``timeout_s``: the groups' timeout; a healthy run's is long, so that a
+    loaded machine cannot make its collectives time out)."""
     directory = base / scenario
     directory.mkdir(parents=True)
-    params = {"scenario": scenario, "timeout_s": 3, "grace_s": 3, "meet_port": free_port(), **extra}
+    params = {"scenario": scenario, "timeout_s": timeout_s, "grace_s": 3, "meet_port": free_port(), **extra}
     env = {"TORCH_FR_DUMP_TEMP_FILE": str(directory / PREFIX), "CUDA_VISIBLE_DEVICES": "", "TORCH_FR_BUFFER_SIZE": "50"}
     spawn_ranks("tests.ranks.torch_fr:run_scenario", params, world_size=4, timeout_s=240, env=env, check=False)
     return directory
@@ -93,8 +98,8 @@ def sources(tmp_path_factory) -> Sources:
     """Every source set: ``{"gloo:healthy": {file name: bytes}, "nccl:sub_group_stall": ..., ...}``."""
     base = tmp_path_factory.mktemp("fuzz-sources")
     folders = {f"nccl:{name}": build(name, base / "nccl" / name) for name in NCCL_SOURCES}
-    folders["gloo:healthy"] = _gloo(base / "gloo", "healthy", rounds=3)
-    folders["gloo:sub_group_stall"] = _gloo(base / "gloo", "sub_group_stall")
+    folders["gloo:healthy"] = _gloo(base / "gloo", "healthy", 60, rounds=3)
+    folders["gloo:sub_group_stall"] = _gloo(base / "gloo", "sub_group_stall", 3)
     found = Sources(
         {name: {p.name: p.read_bytes() for p in sorted(folder.iterdir())} for name, folder in folders.items()}
     )
@@ -193,7 +198,8 @@ def _top_mutation(data: st.DataObject, raw: dict[str, Any]) -> str:
             return "pg_status made a list"
         pg = data.draw(st.sampled_from(sorted(raw["pg_status"])), label="pg")
         field = data.draw(st.sampled_from(sorted(raw["pg_status"][pg])), label="field")
-        raw["pg_status"][pg][field] = data.draw(st.sampled_from([*HUGE, "\ud800", None, 2.5]), label="value")
+        # -1 is a counter's own "none yet", and pg_status is never evidence: outside its range, then
+        raw["pg_status"][pg][field] = data.draw(st.sampled_from([*OUTSIDE_COUNTERS, "\ud800", None, 2.5]), label="v")
         key = f"pg_status[{pg!r}].{field}"
     return f"top {key}: {kind}"
 
