@@ -29,6 +29,7 @@ import traceback
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
 if TYPE_CHECKING:
@@ -171,10 +172,19 @@ def build_parser() -> argparse.ArgumentParser:
         "hang-report",
         help="name the rank that did not join a collective, from every rank's Flight Recorder dump",
         description="Read every rank's Flight Recorder dump in DIR (automodel_cfg.flight_recorder.dump_dir) and name "
-        "the rank(s) that did not enter or finish the collective the others waited in. Exit 0 when every rank "
-        "agrees, 1 on a stall, a mismatch or a missing dump, 2 when DIR or a dump cannot be read.",
+        "the rank(s) that did not enter or finish the collective the others waited in. Exit 0 only when every rank "
+        "of a known world dumped and every group's last collective is known to have finished; 1 on a stall, a "
+        "mismatch, a missing dump, or what cannot be told (a world no record states, Gloo's collectives); 2 when DIR "
+        "or a dump cannot be read, or DIR holds several runs.",
     )
-    hang.add_argument("dir", metavar="DIR", help="the dump directory")
+    hang.add_argument("dir", metavar="DIR", help="the dump directory (one run: one folder, or one folder per node)")
+    hang.add_argument(
+        "--world",
+        type=_world_size,
+        metavar="N",
+        help="the run's world size, where no dump states it (torch's own Gloo dumps): ranks 0 to N-1 must each have "
+        "left a dump; the dumps' records must agree",
+    )
     hang.add_argument("--json", action="store_true", help="print JSON")
     hang.add_argument(
         "--torch-analyzer",
@@ -182,6 +192,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="also run torch's own analyzer on the dumps (it imports torch, which the report does not need)",
     )
     return parser
+
+
+#: The largest --world hang-report reads (its bounds.MAX_WORLD, without importing the report to parse arguments).
+_MAX_WORLD = 1 << 20
+
+
+def _world_size(text: str) -> int:
+    if not text.isdigit() or len(text) > 8 or not 0 < int(text) <= _MAX_WORLD:
+        raise argparse.ArgumentTypeError(f"a world of 1 to {_MAX_WORLD:,} ranks, got {text[:40]!r}")
+    return int(text)
 
 
 def _progress(message: str) -> None:
@@ -214,8 +234,14 @@ def _status(args: argparse.Namespace, out: TextIO) -> int:
 
 def _hang_report(args: argparse.Namespace, out: TextIO) -> int:
     from nemo_rl_shim.cli import hang_report
+    from nemo_rl_shim.one_line.printable import encodable
 
-    code, text = hang_report.main(args.dir, as_json=args.json, with_torch=args.torch_analyzer)
+    def early(line: str) -> None:  # the quick first line, at once (many dumps: the rest follows when all are read)
+        print(encodable(line), file=out, flush=True)
+
+    code, text = hang_report.main(
+        args.dir, as_json=args.json, with_torch=args.torch_analyzer, world=args.world, early=early
+    )
     if not args.json:
         print(text, file=sys.stderr if code == hang_report.EXIT_UNREADABLE else out)
         return code
@@ -246,6 +272,22 @@ def _usage_problem(args: argparse.Namespace) -> str | None:
     return None
 
 
+def _config_file_problem(path: str | None) -> str | None:
+    """The config file itself, read before torch is imported: a FIFO, a device or an alias bomb is refused at once.
+    A missing file, or YAML that does not parse, is left to the full reading, which names the chain of files."""
+    if path is None or not os.path.lexists(path):
+        return None
+    from nemo_rl_shim.cli.nemo_rl.config_file import ConfigFileError, load_yaml
+
+    try:
+        load_yaml(Path(path))
+    except ConfigFileError as e:
+        return str(e)
+    except Exception:  # YAML or OmegaConf's own error: the full reading says it, with the chain of files
+        return None
+    return None
+
+
 def _run_preflight(args: argparse.Namespace, out: TextIO) -> PreflightReport:
     """The report of the run ``args`` ask for (``ValueError``/``OSError``: bad input)."""
     from nemo_rl_shim.cli import preflight
@@ -271,11 +313,11 @@ def _run_preflight(args: argparse.Namespace, out: TextIO) -> PreflightReport:
 
 
 def _preflight(args: argparse.Namespace, out: TextIO) -> int:
-    from nemo_rl_shim.cli import preflight
-
-    problem = _usage_problem(args)
+    problem = _usage_problem(args) or _config_file_problem(args.config)
     if problem is not None:
         return _refuse(args, out, problem, EXIT_USAGE)
+    from nemo_rl_shim.cli import preflight
+
     try:
         report = _run_preflight(args, out)
     except (OSError, ValueError) as e:

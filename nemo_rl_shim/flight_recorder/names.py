@@ -11,6 +11,8 @@ __all__ = [
     "ENV_PAIRS",
     "HEADER",
     "PG_STATUS_KEY",
+    "PROGRESS_FILE_NAME",
+    "SAMPLE_MARK",
     "SIDECAR_NAME",
     "STACK_FILE_NAME",
     "TORCH_DEFAULT_PREFIX",
@@ -35,3 +37,9 @@ TORCH_DEFAULT_PREFIX = "/tmp/nccl_trace_rank_"
 STACK_FILE_NAME = "fr_stack_rank_{rank}.txt"
 #: The first line of a stack file starts with this; JSON follows on the same line.
 HEADER = "nemo-rl-shim stack "
+#: Before each stack sample after the first (the C watchdog's, which starts with ``Timeout (``), a line that starts
+#: with this, then JSON (``{"sample": i, "t_ns": ...}``): the stack watch samples more than once.
+SAMPLE_MARK = "nemo-rl-shim sample "
+#: Beside the stack file: the process's and the watched thread's CPU time and I/O counters at each sample, one JSON
+#: object a line, written by a helper process that needs no GIL of the rank (the name does not end in a digit).
+PROGRESS_FILE_NAME = "fr_progress_rank_{rank}.jsonl"

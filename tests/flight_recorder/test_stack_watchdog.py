@@ -2,13 +2,17 @@
 
 Real faulthandler, real files, short deadlines (0.2 s); no process group (``stack_watchdog`` takes the path and
 the rank), but for the set-up's clean-up, on a one-rank Gloo group in this process. The GIL case: a
-``ctypes.PyDLL`` call to libc's ``sleep`` keeps the GIL while the watchdog writes.
+``ctypes.PyDLL`` call to libc's ``sleep`` keeps the GIL while the watchdog writes. The samples after the first: the
+sampler thread writes them, the real helper process writes the counters (``/proc`` of this process).
 """
 
 from __future__ import annotations
 
 import ctypes
+import itertools
+import json
 import multiprocessing
+import threading
 import time
 import warnings
 from collections.abc import Iterator
@@ -208,3 +212,82 @@ def test_a_stack_file_that_cannot_be_written_never_fails_the_step(
     finally:
         dist.destroy_process_group()
     assert ran == [[]]
+
+
+# --- more than one sample, and the counters ------------------------------------------------------------------------
+
+#: Samples in these tests, and how far apart: short, and the helper process keeps them apart even when it starts late.
+INTERVAL_S = 0.3
+COUNTER_WAIT_S = 30
+
+
+def _counters(path: Path, rank: int, count: int) -> list[dict]:
+    """The helper's lines for the block in ``path``'s header, once ``count`` are written (it runs on its own)."""
+    progress = stack_watchdog.progress_path(path.parent, rank)
+    end = time.monotonic() + COUNTER_WAIT_S
+    lines: list[dict] = []
+    while time.monotonic() < end:
+        if progress.exists():
+            lines = [json.loads(line) for line in progress.read_text().splitlines()]
+        if len(lines) >= count:
+            return lines
+        time.sleep(0.05)
+    raise AssertionError(f"{len(lines)} counter samples in {progress} after {COUNTER_WAIT_S} s, wanted {count}")
+
+
+def test_a_block_that_stays_is_sampled_three_times_with_counters_from_the_helper(path: Path) -> None:
+    token = arm(path, 5, "checkpoint save", SHORT_S, interval_s=INTERVAL_S)
+    end = time.monotonic() + COUNTER_WAIT_S
+    with open(path.with_name("shard.bin"), "wb") as shard:
+        while time.monotonic() < end and len(read_stack(path, 5).samples) < stack_watchdog.SAMPLES:
+            shard.write(b"\0" * 65536)  # the loop that writes the checkpoint, until the sampler wrote all
+            shard.seek(0)
+    lines = _counters(path, 5, stack_watchdog.SAMPLES)
+    stack = read_stack(path, 5)
+    disarm(token, failed=True)
+    assert stack.fired and len(stack.samples) == stack_watchdog.SAMPLES == 3, stack.to_json()
+    times = [s.t_ns for s in stack.samples]
+    assert all(b - a >= INTERVAL_S * 0.9e9 for a, b in itertools.pairwise(times)), times
+    here = "test_a_block_that_stays_is_sampled_three_times_with_counters_from_the_helper"
+    assert all(here in {f.function for f in s.frames} for s in stack.samples), "each sample is the watched thread's"
+    assert [line["sample"] for line in lines] == [0, 1, 2]
+    taken = [line["t_ns"] for line in lines]
+    assert all(b - a >= INTERVAL_S * 0.9e9 for a, b in itertools.pairwise(taken)), "the helper's apart too"
+    assert {line["entered_ns"] for line in lines} == {stack.entered_ns}, "the helper's lines name the header's block"
+    assert lines[0]["tid"] == stack.tid == threading.get_native_id()
+    written = [line["thread"]["io"]["wchar"] for line in lines]
+    assert written[-1] - written[0] >= 65536, written
+
+
+def test_a_block_held_in_a_c_call_keeps_the_gil_gets_one_stack_but_every_counter(path: Path) -> None:
+    """The sampler thread needs the GIL and cannot write; the helper is another process and reads the counters."""
+    token = arm(path, 5, "train step", SHORT_S, interval_s=INTERVAL_S)
+    started_ns = time.time_ns()
+    _hold_the_gil(4)  # room for a helper that starts late on a loaded machine: it samples 0.6 s in all
+    # the call ends 4 s after it started, at the earliest: what was written before then was written during it
+    during_ns = started_ns + 4 * 10**9 - 10**8
+    lines = _counters(path, 5, 3)
+    stack = read_stack(path, 5)
+    disarm(token, failed=True)
+    during = [s for s in stack.samples if s.t_ns is not None and s.t_ns < during_ns]
+    assert len(during) == 1, f"no Python thread ran during the call: {stack.to_json()['samples']}"
+    assert all(line["t_ns"] < during_ns for line in lines[:3]), "the helper read the counters during the call"
+    cpu = [line["thread"]["cpu_s"] for line in lines]
+    assert cpu[-1] - cpu[0] < 0.1, cpu
+    assert {line["thread"]["state"] for line in lines} == {"S"}, "libc's sleep: asleep, holding the GIL"
+
+
+def test_a_block_that_ends_stops_the_sampling(path: Path) -> None:
+    token = arm(path, 5, "slow step", SHORT_S, interval_s=10)
+    time.sleep(3 * SHORT_S)
+    disarm(token, failed=False)
+    assert path.read_bytes() == b""
+    time.sleep(2 * SHORT_S)
+    assert path.read_bytes() == b"", "no sample after the block ended"
+
+
+def test_forget_removes_the_counters_too(path: Path) -> None:
+    progress = stack_watchdog.progress_path(path.parent, 5)
+    progress.write_text('{"sample": 0}\n')
+    forget(path)
+    assert not progress.exists()

@@ -381,62 +381,75 @@ SCENARIOS: dict[str, Callable[[Path], None]] = {
     "nccl2_batched_p2p_stall": nccl2_batched_p2p_stall,
 }
 
-#: scenario -> (exit code, the start of the first line)
+#: scenario -> (exit code, the start of the first line: the kind, then who and where)
 EXPECTED: dict[str, tuple[int, str]] = {
-    "sub_group_stall": (1, "rank 3 did not enter all_reduce #3 on tp, ranks 2-3, in which rank 2 waited 600.0 s"),
-    "p2p_stall": (1, "rank 2 did not send to rank 3, which waited in its recv #3 on default, ranks 0-3"),
+    "sub_group_stall": (
+        1,
+        "never came: rank 3 did not enter all_reduce #3 on tp, ranks 2-3, in which rank 2 waited 600.0 s",
+    ),
+    "p2p_stall": (1, "p2p stall: rank 2 did not send to rank 3, which waited in its recv #3 on default, ranks 0-3"),
     "batched_p2p_stall": (
         1,
-        "rank 2 did not receive from rank 1, which waited in its send #3 of a batch_isend_irecv; did not send to "
-        "rank 3, which waited in its recv #3 of a batch_isend_irecv on default, ranks 0-3",
+        "p2p stall: rank 2 did not receive from rank 1, which waited in its send #3 of a batch_isend_irecv; did not "
+        "send to rank 3, which waited in its recv #3 of a batch_isend_irecv on default, ranks 0-3",
     ),
     "unfinished_after_p2p": (
         1,
-        "ranks 0-3 did not finish all_reduce #3 on default, ranks 0-3: every member entered it, none finished",
+        "all entered, none finished: ranks 0-3 did not finish all_reduce #3 on default, ranks 0-3: every member "
+        "entered it, none finished",
     ),
     "wrapped_healthy": (0, "every rank agrees: 4 dumps"),
-    "wrapped_stall": (1, "rank 3 did not enter all_reduce #2 on tp, ranks 2-3, in which rank 2 waited 600.0 s"),
-    "dead_rank_cascade": (1, "no dump from rank 11: ranks 8-10 were last in all_reduce #3 on tp, ranks 8-11"),
+    "wrapped_stall": (
+        1,
+        "never came: rank 3 did not enter all_reduce #2 on tp, ranks 2-3, in which rank 2 waited 600.0 s",
+    ),
+    "dead_rank_cascade": (
+        1,
+        "never came (dead: no dump): no dump from rank 11: ranks 8-10 were last in all_reduce #3 on tp, ranks 8-11",
+    ),
     "mismatch": (
         1,
-        "rank 2 differs on all_reduce #2 on default, ranks 0-3: op all_gather (rank 2) where ranks 0-1, 3 have "
-        "all_reduce",
+        "mismatch (op): rank 2 differs on all_reduce #2 on default, ranks 0-3: op all_gather (rank 2) where ranks "
+        "0-1, 3 have all_reduce",
     ),
     "healthy": (0, "every rank agrees: 4 dumps"),
-    "per_node": (1, "rank 3 did not enter all_reduce #3 on tp, ranks 2-3, in which rank 2 waited 600.0 s"),
+    "per_node": (1, "never came: rank 3 did not enter all_reduce #3 on tp, ranks 2-3, in which rank 2 waited 600.0 s"),
     "pipeline_stall": (
         1,
-        "rank 2 did not receive from rank 1, which waited in its send #3 of a batch_isend_irecv; did not send to "
-        "rank 3, which waited in its recv #3 of a batch_isend_irecv on default, ranks 0-3",
+        "p2p stall: rank 2 did not receive from rank 1, which waited in its send #3 of a batch_isend_irecv; did not "
+        "send to rank 3, which waited in its recv #3 of a batch_isend_irecv on default, ranks 0-3",
     ),
-    "sub_group_p2p": (1, "rank 1 did not send to rank 3, which waited in its recv #3 on pp, ranks 1, 3"),
+    "sub_group_p2p": (1, "p2p stall: rank 1 did not send to rank 3, which waited in its recv #3 on pp, ranks 1, 3"),
     "p2p_both_pending_wrapped": (
         1,
-        "ranks 0-1 did not finish the send #30 of rank 0 and its match on rank 1: both posted, neither finished on "
-        "default, ranks 0-1",
+        "all entered, none finished: ranks 0-1 did not finish the send #30 of rank 0 and its match on rank 1: both "
+        "posted, neither finished on default, ranks 0-1",
     ),
     "p2p_unclear": (
         1,
-        "rank 3 waited in its recv #3 from rank 2 on default, ranks 0-3, and rank 2's buffer does not reach back to "
-        "it: cannot tell whether rank 2 sent",
+        "unclear: rank 3 waited in its recv #3 from rank 2 on default, ranks 0-3, and rank 2's buffer does not reach "
+        "back to it: cannot tell whether rank 2 sent",
     ),
-    "cascade_order": (1, "rank 11 did not enter all_reduce #3 on "),
+    "cascade_order": (1, "never came: rank 11 did not enter all_reduce #3 on "),
     "mismatch_tie": (
         1,
-        "ranks 0-3 disagree on all_reduce #2 on default, ranks 0-3: input sizes rank 0: [[4]]; rank 1: [[4]]; "
-        "rank 2: [[8]]; rank 3: [[8]]",
+        "mismatch (sizes): ranks 0-3 disagree on all_reduce #2 on default, ranks 0-3: input sizes rank 0: [[4]]; rank"
+        " 1: [[4]]; rank 2: [[8]]; rank 3: [[8]]",
     ),
-    "behind_unwrapped": (1, "rank 3 did not enter all_reduce #1 on tp, ranks 2-3, in which rank 2 waited 600.0 s"),
+    "behind_unwrapped": (
+        1,
+        "never came: rank 3 did not enter all_reduce #1 on tp, ranks 2-3, in which rank 2 waited 600.0 s",
+    ),
     "wrapped_by_one": (0, "every rank agrees: 4 dumps"),
     "coalesced_healthy": (0, "every rank agrees: 4 dumps"),
     "nccl2_sub_group_stall": (
         1,
-        "rank 3 did not enter all_reduce #3 on tp, ranks 2-3, in which rank 2 waited 600.0 s",
+        "never came: rank 3 did not enter all_reduce #3 on tp, ranks 2-3, in which rank 2 waited 600.0 s",
     ),
     "nccl2_batched_p2p_stall": (
         1,
-        "rank 2 did not receive from rank 1, which waited in its send #5; did not send to rank 3, which waited in "
-        "its recv #6 on default, ranks 0-3",
+        "p2p stall: rank 2 did not receive from rank 1, which waited in its send #5; did not send to rank 3, which "
+        "waited in its recv #6 on default, ranks 0-3",
     ),
 }
 

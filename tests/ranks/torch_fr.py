@@ -165,7 +165,22 @@ def _healthy(params: dict[str, Any]) -> dict[str, Any]:
     return {"rounds": params.get("rounds", 3)}
 
 
+def _crossed(params: dict[str, Any]) -> dict[str, Any]:
+    """Every rank waits inside a collective, and no rank is idle: two groups of all four ranks, ``a`` and ``b``; the
+    even ranks all_reduce on ``a`` then on ``b``, the odd ranks on ``b`` then on ``a``. Each waits for the other half
+    in its first, times out, goes on to its second, and waits there again: every group ends with every rank at #1,
+    each collective timed out (Gloo retires it, and counts it completed in ``pg_status``, as one that finished)."""
+    rank = dist.get_rank()
+    a, b = _new_group([0, 1, 2, 3], params, "a"), _new_group([0, 1, 2, 3], params, "b")
+    first, second = (a, b) if rank % 2 == 0 else (b, a)
+    return {
+        "first": _try(lambda: dist.all_reduce(torch.ones(4), group=first)),
+        "second": _try(lambda: dist.all_reduce(torch.ones(4), group=second)),
+    }
+
+
 SCENARIOS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    "crossed": _crossed,
     "sub_group_stall": _sub_group_stall,
     "mismatch": _mismatch,
     "p2p_stall": _p2p_stall,

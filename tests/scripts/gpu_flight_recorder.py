@@ -8,10 +8,11 @@ report names what it should, 1 otherwise). Not a pytest file: it needs CUDA and 
   all-reduce is queued behind ``torch.cuda._sleep`` (about 30 s of GPU clock) on the same stream, so
   it cannot finish before the timeout: NCCL's watchdog times it out, and with
   ``TORCH_NCCL_DUMP_ON_TIMEOUT`` (set by the shim) torch writes the dump itself, then aborts the rank.
-  Expected first line: ``rank 0 did not finish all_reduce #N on default, ranks 0: every member entered
-  it, none finished``.
+  Expected first line (after its kind, ``all entered, none finished: ``): ``rank 0 did not finish all_reduce #N on
+  default, ranks 0: every member entered it, none finished``.
 * Two GPUs or more (``--nproc 2``): rank 1 never enters an all-reduce (it sleeps in Python); rank 0's
-  watchdog times out, dumps, and signals rank 1's to dump. Expected: ``rank 1 did not enter all_reduce``.
+  watchdog times out, dumps, and signals rank 1's to dump. Expected (after its kind, ``never came...: ``): ``rank 1
+  did not enter all_reduce``.
 * ``--torch-only``: the same faults without the shim, as a user who switches the recorder on by hand:
   ``init_process_group`` directly, ``TORCH_FR_BUFFER_SIZE``, ``TORCH_NCCL_DUMP_ON_TIMEOUT`` and
   ``TORCH_FR_DUMP_TEMP_FILE=<dir>/nccl_trace_rank_`` (torch's default name) set in the ranks' environment:
@@ -185,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
 
     nccl2 = hasattr(c10d, "_create_nccl2_process_group")  # torch 2.15: plain "nccl" is NCCL2, recorded as nccl2
     wanted_recorder = "nccl2" if args.backend == "nccl" and nccl2 else "nccl"
-    ok = report.line.startswith(expected) and "torch" in writers.values()
+    ok = report.kind.body.startswith(expected) and "torch" in writers.values()
     ok = ok and all(wanted_recorder in b.split(",") for b in recorded.values() if b)
     if args.torch_only:  # torch's dumps alone: every one written by torch, no group map beside them
         ok = ok and set(writers.values()) == {"torch"}

@@ -7,17 +7,22 @@ where, the others waited. Then the groups by shape, the other findings, the stac
 grouped, the outliers first), the dumps, and, with ``--torch-analyzer``, what torch's own analyzer made of them.
 
 Split by job, as torch's own ``flight_recorder/`` keeps loader, builder and types apart:
-:mod:`.loader` (finding the dumps, reading many in processes), :mod:`.dump_format` (torch's dump format,
-read as untrusted input through :mod:`.safe_pickle`), :mod:`.records` (the typed records), :mod:`.world`
-(the run's ranks, from the dumps' own records), :mod:`.analysis` (who did not join),
+:mod:`.folder` (which files of a folder are one run's), :mod:`.loader` (reading them in forked readers bounded by
+their bytes), :mod:`.dump_format` (torch's dump format, read as untrusted input through :mod:`.safe_pickle` and
+:mod:`nemo_rl_shim.cli.untrusted_file`, bounded by :mod:`.bounds`), :mod:`.group_records` (a group's members as a
+record lists them), :mod:`.schema` (every field checked, before a healthy verdict), :mod:`.records` (the typed
+records), :mod:`.world` (the run's ranks, from records or ``--world``), :mod:`.analysis` (who did not join),
 :mod:`.torch_analyzer` (torch's analyzer, one line whatever it does), :mod:`.stacks` (the stack files),
 :mod:`.where` (the first line, with places) and :mod:`.render` (text and JSON). This module is the command.
 
-Exit codes: 0 every rank agrees; 1 a stall, an unfinished collective or p2p op, a mismatch, a missing
-dump, or a stack written (a rank stayed in a watched block past its deadline); 2 a folder or file that
-cannot be read, a dump that is malformed or refused (it would run code), dumps that disagree on the world,
-or dumps that hold no entry to compare (one line on stderr naming the file; with ``--json`` the same line
-in a JSON object on stdout too).
+Exit codes: 0 only with evidence: every rank of a known world left a dump, every group's last collective is known
+to have finished, and every field of every dump was checked; 1 a stall, an unfinished collective or p2p op, a
+mismatch, a missing dump, a stack written (a rank stayed in a watched block past its deadline), or what cannot be
+told (a world no record states, a collective no recorder says finished: torch's Gloo dumps); 2 a folder or file
+that cannot be read or is not a regular file, a dump that is malformed or refused (it would run code, or expand
+past its bytes), dumps that disagree on the world, a folder of several runs, or dumps that hold no entry to
+compare (one line on stderr naming the file; with ``--json`` the same line in a JSON object on stdout too).
+Whatever else fails is exit 2 and one line too, never a traceback.
 
 Imports no torch: the report reads pickles, and a login node may have no torch. Of the library it reaches only
 :mod:`nemo_rl_shim.flight_recorder.names` and :mod:`nemo_rl_shim.one_line`; torch's analyzer imports torch when
@@ -28,18 +33,24 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from nemo_rl_shim.cli.hang_report import torch_analyzer
-from nemo_rl_shim.cli.hang_report.analysis import Analysis, Finding, GroupState, analyse
-from nemo_rl_shim.cli.hang_report.loader import DumpError, RankDump, load_dumps
+from nemo_rl_shim.cli.hang_report.analysis import CANNOT_TELL, Analysis, Finding, GroupState, analyse
+from nemo_rl_shim.cli.hang_report.folder import RunFiles, find_run
+from nemo_rl_shim.cli.hang_report.kinds import Kind, classify
+from nemo_rl_shim.cli.hang_report.loader import DumpError, RankDump, confirm_dumps, load_dumps, read_sidecars
+from nemo_rl_shim.cli.hang_report.progress import Progress, judge_all
+from nemo_rl_shim.cli.hang_report.quick import QuickLine, quick_line
 from nemo_rl_shim.cli.hang_report.render import render_text, report_json
-from nemo_rl_shim.cli.hang_report.stacks import RankStack, load_stacks
-from nemo_rl_shim.cli.hang_report.where import finding_line, stalled_line
+from nemo_rl_shim.cli.hang_report.stacks import RankStack, read_stacks
+from nemo_rl_shim.cli.hang_report.world import World, check_ranks, stated_world
 from nemo_rl_shim.flight_recorder.names import DUMP_FILE_NAME
-from nemo_rl_shim.one_line.rank_ranges import format_ranks
+from nemo_rl_shim.one_line.exception import first_line
+from nemo_rl_shim.one_line.printable import clean, encodable, shown_path
 
 __all__ = [
     "EXIT_AGREE",
@@ -50,11 +61,14 @@ __all__ = [
     "Finding",
     "GroupState",
     "HangReport",
+    "Kind",
+    "Progress",
     "RankDump",
     "RankStack",
     "build_report",
     "main",
     "preflight_summary",
+    "quick_first_line",
     "render",
     "torch_analyzer",
 ]
@@ -64,12 +78,20 @@ EXIT_AGREE, EXIT_FOUND, EXIT_UNREADABLE = 0, 1, 2
 
 @dataclass
 class HangReport:
-    """What the dumps say: the analysis, torch's analyzer's outcome, and the ranks' stack files."""
+    """What the dumps say: the analysis, torch's analyzer's outcome, the ranks' stack files, and the run's files
+    (how its dumps were chosen, where the folder held several runs' and a rule chose)."""
 
     directory: Path
     analysis: Analysis
     torch: dict[str, Any]
     stacks: dict[int, RankStack] = field(default_factory=dict)
+    run: RunFiles | None = None
+    progress: dict[int, Progress] | None = None  # judged from the stacks (and their counters) when not given
+    quick: QuickLine | None = None  # the first line given before every entry was read (:mod:`.quick`)
+
+    def __post_init__(self) -> None:
+        if self.progress is None:
+            self.progress = judge_all(self.stacks, self.run.root if self.run is not None else None)
 
     @property
     def dumps(self) -> dict[int, RankDump]:
@@ -99,64 +121,163 @@ class HangReport:
 
     @property
     def exit_code(self) -> int:
-        if self.findings or self.missing or self.stalled:
+        """0 only with evidence: a known world whose every rank dumped, and no finding (every group's last collective
+        known to have finished); 2 where the dumps hold nothing to compare and nothing else is wrong; else 1."""
+        wrong = [f for f in self.findings if f.kind not in CANNOT_TELL]
+        if wrong or self.missing or self.stalled:
             return EXIT_FOUND
-        return EXIT_UNREADABLE if self.empty else EXIT_AGREE
+        if self.empty:
+            return EXIT_UNREADABLE
+        return EXIT_FOUND if self.findings else EXIT_AGREE
+
+    @property
+    def kind(self) -> Kind:
+        """What kind of failure it was, who, where, and what to do (:mod:`.kinds`)."""
+        return classify(self.analysis, self.stacks, self.progress or {})
 
     @property
     def line(self) -> str:
-        """The first line: who did not join and where it is, or that every rank agrees."""
-        if self.findings:
-            return finding_line(self.findings[0], self.stacks)
-        places = stalled_line(self.stacks)
-        if self.missing:
-            line = f"no dump from rank{'s' * (len(self.missing) > 1)} {format_ranks(self.missing)}"
-            return f"{line}; {places}" if places else line
-        if places:  # the dumps name no one, yet a rank stayed in its block: that rank comes first
-            if self.empty:
-                return f"{places}; the {len(self.dumps)} dumps hold no entry to compare"
-            return f"{places}; the {len(self.dumps)} dumps agree, every group at the same collective"
-        if self.empty:
-            return (
-                f"cannot tell: the {len(self.dumps)} dumps hold no entry (torch's Gloo recorder records no "
-                "send/recv; a recorder made with TORCH_FR_BUFFER_SIZE=0 records nothing)"
-            )
-        return f"every rank agrees: {len(self.dumps)} dumps, every group at the same collective"
+        """The first line: the kind, who did not join and where it is, what to do; or that every rank agrees; then,
+        where a rule chose the run's dumps among several runs', that rule."""
+        rule = self.run.rule if self.run is not None else ""
+        if rule and self.run is not None:
+            left = ", ".join(f"{shown_path(p)}<rank>" for p in sorted(self.run.left)[:3])
+            return self.kind.line_with(f"[{rule}; not read: {left}]")
+        return self.kind.line
 
     def to_json(self) -> dict[str, Any]:
-        return report_json(self.line, self.exit_code, self.analysis, self.directory, self.torch, self.stacks)
+        payload = report_json(self.line, self.exit_code, self.analysis, self.directory, self.torch, self.stacks)
+        payload["kind"] = self.kind.to_json()
+        if self.quick is not None:
+            payload["quick"] = self.quick.to_json(self.line)
+        payload["progress"] = {rank: found.to_json() for rank, found in sorted((self.progress or {}).items())}
+        if self.run is not None and self.run.rule:
+            payload["run"] = {"rule": self.run.rule, "not_read": sorted(self.run.left)}
+        return payload
 
 
-def build_report(directory: str | Path, *, with_torch: bool = False) -> HangReport:
-    """Read ``directory`` (and its subfolders) and analyse it; :class:`DumpError` when it cannot be read.
+def _early_world(run: RunFiles, sidecars: Mapping[int, Mapping[str, Any]], world: int | None) -> World | None:
+    """The world the group maps and ``--world`` state, checked against every file rank before any dump is read."""
+    stated = stated_world(sidecars=sidecars, given=world)
+    if stated is not None:
+        check_ranks(stated, run.dumps, run.dumps)
+    return stated
 
+
+def _check_first(run: RunFiles, sidecars: Mapping[int, Mapping[str, Any]], world: int | None) -> Any:
+    """What the lowest rank's dump states of the world, checked against every file rank before the others are read."""
+
+    def check(first: RankDump) -> None:
+        stated = stated_world({first.rank: first}, sidecars, world)
+        if stated is not None:
+            check_ranks(stated, run.dumps, run.dumps)
+
+    return check
+
+
+def _prepare(
+    directory: Path, world: int | None, environ: Mapping[str, str] | None
+) -> tuple[RunFiles, dict[int, dict[str, Any]], dict[int, RankStack], dict[int, Progress]]:
+    """The run's files, its group maps (the world they state checked against every file rank), its stacks, and the
+    progress judged from them."""
+    run = find_run(directory, environ)
+    sidecars = read_sidecars(run)
+    _early_world(run, sidecars, world)
+    stacks = read_stacks(run.stacks, run.root)
+    return run, sidecars, stacks, judge_all(stacks, run.root)
+
+
+def quick_first_line(
+    directory: str | Path, *, world: int | None = None, environ: Mapping[str, str] | None = None
+) -> QuickLine | None:
+    """The quick first line the command prints first where the dumps are many (:mod:`.quick`), alone: None where it
+    does not apply."""
+    run, sidecars, stacks, progress = _prepare(Path(directory), world, environ)
+    return quick_line(run, sidecars, stacks, progress, world)
+
+
+def build_report(
+    directory: str | Path,
+    *,
+    with_torch: bool = False,
+    world: int | None = None,
+    environ: Mapping[str, str] | None = None,
+    early: Callable[[str], None] | None = None,
+) -> HangReport:
+    """Read ``directory`` (one run's files in it and its subfolders) and analyse it; :class:`DumpError` when it cannot
+    be read. ``world``: the run's world size where the user knows it (``--world``); the records must agree.
+
+    A healthy verdict is given only after every field of every dump was checked (:mod:`.schema`).
     ``with_torch``: run torch's analyzer too, after the shim's analysis. It imports torch, which nothing else
     here does (:mod:`.torch_analyzer`), so it runs only when asked (``--torch-analyzer``).
+    ``early``: where a run's dumps are many, it is handed the quick first line (:mod:`.quick`) as soon as the ranks'
+    newest entries tell it, before every entry is read.
     """
     directory = Path(directory)
-    analysis = analyse(load_dumps(directory))
-    torch_facts = torch_analyzer.run(analysis.dumps) if with_torch else torch_analyzer.skipped()
-    return HangReport(directory, analysis, torch_facts, load_stacks(directory))
+    run, sidecars, stacks, progress = _prepare(directory, world, environ)
+    quick = quick_line(run, sidecars, stacks, progress, world) if early is not None else None
+    if quick is not None and early is not None:
+        early(quick.line)
+    dumps = load_dumps(run, sidecars=sidecars, check_first=_check_first(run, sidecars, world))
+    analysis = analyse(dumps, world=world)
+    report = HangReport(directory, analysis, torch_analyzer.skipped(), stacks, run, progress, quick)
+    if report.exit_code == EXIT_AGREE:
+        confirm_dumps(run)
+    if with_torch:
+        report.torch = torch_analyzer.run(analysis.dumps)
+    return report
 
 
 def render(report: HangReport) -> str:
     """The text ``nemo-rl-shim hang-report`` prints."""
-    return render_text(report.line, report.analysis, report.directory, report.torch, report.stacks)
+    return render_text(report.line, report.analysis, report.directory, report.torch, report.stacks, report.progress)
 
 
-def main(directory: str, *, as_json: bool = False, with_torch: bool = False) -> tuple[int, str]:
+def _refusal(directory: str, line: str, as_json: bool) -> tuple[int, str]:
+    if as_json:
+        payload = {"line": line, "exit_code": EXIT_UNREADABLE, "directory": shown_path(directory), "error": line}
+        return EXIT_UNREADABLE, json.dumps(payload, indent=2)
+    return EXIT_UNREADABLE, line
+
+
+def _after_quick(text: str, quick: QuickLine | None) -> str:
+    """The text, less its first line where the quick line given before it was the same; else with the full reading's
+    first line said as such."""
+    if quick is None:
+        return text
+    first, _, rest = text.partition("\n")
+    if first == quick.line:
+        return rest.lstrip("\n")
+    return f"read in full, the first line is: {first}\n{rest}"
+
+
+def main(
+    directory: str,
+    *,
+    as_json: bool = False,
+    with_torch: bool = False,
+    world: int | None = None,
+    early: Callable[[str], None] | None = None,
+) -> tuple[int, str]:
     """The command: ``(exit code, text)``; a :class:`DumpError` is ``(2, its one line)``, or with ``as_json`` a JSON
-    object that carries it (``line``, ``exit_code``, ``error``), so that ``--json`` is JSON on every path."""
+    object that carries it (``line``, ``exit_code``, ``error``), so that ``--json`` is JSON on every path. Whatever
+    else goes wrong is exit 2 and one line too, saying it is the report's own defect (never a traceback, never the
+    exit 1 of a found stall). The text is always writable as UTF-8."""
     try:
-        report = build_report(directory, with_torch=with_torch)
+        quick_first = early if not as_json else None
+        report = build_report(directory, with_torch=with_torch, world=world, early=quick_first)
+        text = json.dumps(report.to_json(), indent=2, default=str) if as_json else render(report)
+        if quick_first is not None:
+            text = _after_quick(text, report.quick)
+        return report.exit_code, encodable(text)
     except DumpError as e:
-        line = f"hang-report: {e}"
-        if as_json:
-            payload = {"line": line, "exit_code": EXIT_UNREADABLE, "directory": str(directory), "error": str(e)}
-            return EXIT_UNREADABLE, json.dumps(payload, indent=2)
-        return EXIT_UNREADABLE, line
-    text = json.dumps(report.to_json(), indent=2, default=str) if as_json else render(report)
-    return report.exit_code, text
+        return _refusal(directory, encodable(f"hang-report: {clean(str(e), limit=2000)}"), as_json)
+    except MemoryError:  # this process's own limit (the readers' are theirs): not a defect, not a stall
+        line = f"hang-report: reading {shown_path(directory)} needs more memory than this process may have"
+        return _refusal(directory, encodable(line), as_json)
+    except Exception as e:  # a defect of the report itself: still one line and exit 2, never read as a stall
+        line = f"hang-report: could not read {shown_path(directory)}: {first_line(e)} (a defect of hang-report)"
+        return _refusal(directory, encodable(clean(line, limit=2000)), as_json)
 
 
 #: How long a failed preflight waits for every rank's dump (the last rank dumps when its watcher is asked).
@@ -177,8 +298,8 @@ def preflight_summary(
 ) -> dict[str, Any]:
     """What a failed ``preflight`` run with the recorder on ends with: ``summary`` (one line) and the report's JSON.
 
-    Waits up to ``wait_s`` for every rank's dump first. ``hosts``: the nodes the ranks ran on (Ray),
-    to say where the dumps were written.
+    Waits up to ``wait_s`` for every rank's dump first; the world is the one preflight ran (``world_size``).
+    ``hosts``: the nodes the ranks ran on (Ray), to say where the dumps were written.
     """
     directory = Path(directory)
     _wait_for_dumps(directory, world_size, wait_s)
@@ -188,7 +309,7 @@ def preflight_summary(
     elif hosts:
         where += f", written by the Ray actors on their node ({hosts[0]})"
     try:
-        report = build_report(directory)
+        report = build_report(directory, world=world_size)
     except DumpError as e:
         return {"summary": f"hang report ({where}): {e}", "exit_code": EXIT_UNREADABLE, "where": where}
     return {"summary": f"hang report ({where}): {report.line}", "where": where, **report.to_json()}

@@ -5,12 +5,20 @@ keeps copies without the signatures it merged), nothing here touches torch.distr
 keyed by the name torch gives it in every entry and the recorder that numbered its ops (the Gloo and the NCCL
 half of a ``cpu:gloo,cuda:nccl`` group count apart):
 
+* **Members.** A group's members come only from records that list them (torch's ``pg_config``, the shim's group
+  maps); the default group's are the world's (:mod:`.world`). Records that disagree on a group, or a rank whose
+  entries place it in a group that a record lists without it, are refused. A group no record lists is known only
+  by the ranks whose entries name it (``GroupState.members_stated`` is false): its label says ``seen ranks``, and
+  it is never reported as agreeing.
 * **Collectives.** The highest sequence number a member entered is the collective the group is in.
   A member whose last number is lower did not enter it (a stall). Where the entries say whether
-  they finished (NCCL's ``state``; Gloo leaves every entry ``scheduled``, and marks a timed-out one
-  ``retired`` too), a member that entered but did not finish while others did, or a collective that
-  every member entered and none finished, is unfinished. ``pg_status`` never overrides an entry:
-  NCCL counts p2p work in the same ``last_completed_collective``; it is kept as a hint.
+  they finished (NCCL's ``state``: stock NCCL's and torch 2.15's hook's), a member that entered but did not
+  finish while others did, or a collective that every member entered and none finished, is unfinished.
+* **Evidence.** Only a recorder that tracks completion says an op finished (:meth:`.records.RankDump.finished`):
+  Gloo's leaves every entry ``scheduled``, and retires a collective that timed out (and counts it in ``pg_status``)
+  like one that finished. A group whose last collective no member is known to have finished is *unconfirmed*:
+  never "every rank agrees". ``pg_status`` never overrides an entry (NCCL counts p2p work in the same
+  ``last_completed_collective``, Gloo counts timed-out work): it is kept as a hint.
 * **Wraparound.** A ring buffer keeps the newest entries, so a rank that recorded any op of a group
   has its last one. A rank with none, whose buffer (that recorder's) wrapped and whose oldest entry is newer
   than the collective, cannot say whether it entered: it is *out of reach*, never *behind*.
@@ -23,7 +31,9 @@ half of a ``cpu:gloo,cuda:nccl`` group count apart):
   not; none, and its buffer not reaching back that far, and nobody is blamed.
 * **Mismatch.** At one sequence number, the odd one out by op or sizes; a tie names every rank.
 * **Order of blame.** A mismatch first (what follows may be its consequence), then a rank with no
-  dump, then the ranks that others wait on and that wait on no one, then their waiting peers.
+  dump, then the ranks that others wait on and that wait on no one, then their waiting peers; then what cannot be
+  told: a world no record states (ranks above the highest dump may be missing), a collective not known to have
+  finished.
 * **Where.** Each finding keeps where its ranks called the op (``Finding.called_at``: the innermost user frame of
   the entry's ``frames``): where the waiting peers called the collective, or the point-to-point op, they wait in;
   for a mismatch, where every rank at that number called it. A mismatch whose odd ranks called the op from
@@ -37,15 +47,18 @@ import array
 import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from nemo_rl_shim.cli.hang_report.dump_format import pg_status_of
 from nemo_rl_shim.cli.hang_report.frames import Frame, by_place, same_place
-from nemo_rl_shim.cli.hang_report.records import Entry, GroupKey, RankDump
-from nemo_rl_shim.cli.hang_report.world import World, world_of
+from nemo_rl_shim.cli.hang_report.records import DumpError, Entry, GroupKey, RankDump
+from nemo_rl_shim.cli.hang_report.world import GIVE_THE_WORLD, World, world_of
+from nemo_rl_shim.one_line.printable import shown_path
 from nemo_rl_shim.one_line.rank_ranges import format_ranks
 
 __all__ = [
+    "CANNOT_TELL",
     "PLACES_SHOWN",
     "Analysis",
     "Finding",
@@ -58,7 +71,18 @@ __all__ = [
 
 #: Ops whose input sizes must agree on every rank (gather, scatter, all_to_all and p2p may differ).
 _SAME_SIZES = ("all_reduce", "allreduce", "broadcast", "reduce", "allgather", "all_gather", "reduce_scatter", "barrier")
-_PRIORITY = {"mismatch": 0, "missing": 1, "stall": 2, "p2p": 2, "not finished": 3, "unclear": 4}
+_PRIORITY = {
+    "mismatch": 0,
+    "missing": 1,
+    "stall": 2,
+    "p2p": 2,
+    "not finished": 3,
+    "unclear": 4,
+    "world unknown": 5,
+    "unconfirmed": 6,
+}
+#: Kinds that say what cannot be told, not what went wrong.
+CANNOT_TELL = ("world unknown", "unconfirmed")
 _OPPOSITE = {"send": "recv", "recv": "send"}
 _PAIR = "send/recv"  # the op of a finding on a send and its receive
 #: Places named on a line where ranks called the op from several (by group of ranks at one place, the fewest first).
@@ -85,6 +109,7 @@ class GroupState:
     desc: str = ""
     backend: str = ""  # the recorder (comm library) that numbered its ops: "nccl", "gloo", "nccl2"; "" for none
     halves: bool = False  # other recorders number ops of the same group (a cpu:gloo,cuda:nccl group): label says
+    members_stated: bool = True  # a record lists its members (else: only the ranks whose entries name it)
     last: dict[int, int] = field(default_factory=dict)  # rank -> last collective number entered (0: none)
     entries: dict[int, Entry] = field(default_factory=dict)  # rank -> that collective's entry
     missing: list[int] = field(default_factory=list)  # members without a dump
@@ -104,7 +129,8 @@ class GroupState:
         more = f", +{len(axes) - 3} more" if len(axes) > 3 else ""
         also = f" (also {', '.join(axes[1:3])}{more})" if len(axes) > 1 else ""
         half = f" (its {self.backend} half)" if self.halves else ""
-        return f"{axes[0]}{also}, ranks {format_ranks(self.ranks)}{half}"
+        seen = "" if self.members_stated else "seen "
+        return f"{axes[0]}{also}, {seen}ranks {format_ranks(self.ranks)}{half}"
 
     @property
     def kind(self) -> str:
@@ -122,7 +148,9 @@ class GroupState:
 class Finding:
     """A stall, an unfinished collective or p2p op, a missing dump or a mismatch, on one group."""
 
-    kind: str  # "stall", "not finished", "missing", "mismatch", "p2p", "unclear" (someone waits; no buffer tells who)
+    # "stall", "not finished", "missing", "mismatch", "p2p", "unclear" (someone waits; no buffer tells who);
+    # what cannot be told: "world unknown" (no record states it), "unconfirmed" (no member known to have finished)
+    kind: str
     group: GroupState
     ranks: list[int]  # the ranks named: the laggards, the missing, those that differ, or the peer that did not act
     seq: int
@@ -165,8 +193,10 @@ class Finding:
         if self.kind == "p2p":
             places = _at(by_place(self.waiting, self.called_at), len(self.waiting))
             return f"{who} {self.detail} on {self.group.label}" + (f"; waiting at {places}" if places else "")
-        if self.kind == "unclear":
+        if self.kind in ("unclear", "world unknown"):
             return self.detail
+        if self.kind == "unconfirmed":
+            return f"cannot tell whether {who} finished {where}: {self.detail}"
         if self.kind == "not finished" and self.op == _PAIR:
             return f"{who} did not finish {self.detail} on {self.group.label}"
         if self.kind == "not finished" and not self.waiting:
@@ -252,26 +282,56 @@ class _Signatures:
 
 @dataclass
 class _Members:
-    """A group name's members, axes and description, merged across the dumps (whichever recorder numbered it)."""
+    """A group name's members, axes and description, merged across the dumps (whichever recorder numbered it): as the
+    first record that lists them gives them (``stated``, in ``stated_in``), and the ranks whose entries name it where
+    their own records do not list it (``seen``: a set, so that merging many dumps stays linear)."""
 
-    ranks: Sequence[int]
+    stated: Sequence[int] | None = None
+    stated_in: Path | None = None
+    seen: set[int] = field(default_factory=set)
     axes: list[str] = field(default_factory=list)
     desc: str = ""
 
 
 def _merge_members(members: dict[str, _Members], dump: RankDump) -> None:
     for name, facts in dump.groups.items():
-        ranks = facts.get("ranks") or ()  # a range or a tuple (compact_ranks): the same one compares at once
         known = members.get(name)
         if known is None:
-            known = members[name] = _Members(ranks, [], str(facts.get("desc") or ""))
-        elif ranks != known.ranks and not set(ranks) <= set(known.ranks):
-            # the fullest list keeps torch's group order; members seen only in entries join sorted
-            known.ranks = ranks if set(known.ranks) <= set(ranks) else tuple(sorted({*known.ranks, *ranks}))
-        for axis in facts.get("axes") or []:
+            known = members[name] = _Members(desc=facts.desc)
+        if not facts.stated:
+            known.seen.add(dump.rank)
+        elif known.stated is None:
+            known.stated, known.stated_in = facts.ranks, dump.path
+        elif facts.ranks is not known.stated and facts.ranks != known.stated and set(facts.ranks) != set(known.stated):
+            raise DumpError(
+                f"the dumps disagree on process group {name!r}: {shown_path(known.stated_in or '?')} lists ranks "
+                f"{format_ranks(known.stated)}, {shown_path(dump.path)} lists ranks {format_ranks(facts.ranks)}"
+            )
+        for axis in facts.axes:
             if axis not in known.axes:
                 known.axes.append(axis)
-        known.desc = known.desc or str(facts.get("desc") or "")
+        known.desc = known.desc or facts.desc
+
+
+def _members_of(name: str, known: _Members, dumps: dict[int, RankDump], world: World) -> tuple[Sequence[int], bool]:
+    """A group's members and whether a record states them: the world's for the default group (where known), a
+    record's, or the ranks seen; a rank seen in a group a record lists without it is refused."""
+    if known.desc == "default_pg" and world.known:
+        stated: Sequence[int] | None = range(world.size)  # torch's default group is the world
+    else:
+        stated = known.stated
+    if stated is None:
+        return tuple(sorted(known.seen)), False
+    inside = stated if isinstance(stated, range) else set(stated)
+    outside = [r for r in known.seen if r not in inside]
+    if outside:
+        rank = min(outside)
+        where = shown_path(known.stated_in) if known.stated_in else "the world"
+        raise DumpError(
+            f"{shown_path(dumps[rank].path)}: its entries place rank {rank} in process group {name!r}, which "
+            f"{where} lists as ranks {format_ranks(stated)}"
+        )
+    return stated, True
 
 
 def _merge(found: dict[GroupKey, GroupState], dump: RankDump, sigs: _Signatures) -> None:
@@ -292,7 +352,7 @@ def _merge(found: dict[GroupKey, GroupState], dump: RankDump, sigs: _Signatures)
 
 
 def _finish_groups(
-    members: dict[str, _Members], found: dict[GroupKey, GroupState], dumps: dict[int, RankDump], world: int
+    members: dict[str, _Members], found: dict[GroupKey, GroupState], dumps: dict[int, RankDump], world: World
 ) -> list[GroupState]:
     """Every group with its members; a group no recorder numbered any op of still shows (``backend`` "")."""
     named = {name for name, _ in found}
@@ -302,10 +362,13 @@ def _finish_groups(
     recorders: dict[str, int] = {}
     for name, _ in found:
         recorders[name] = recorders.get(name, 0) + 1
+    resolved: dict[str, tuple[tuple[int, ...], bool]] = {}
     for (name, _), state in found.items():
-        known = members.get(name) or _Members(())
-        # torch's default group is the world, whatever a Gloo pg_config says
-        state.ranks = tuple(range(world)) if known.desc == "default_pg" else tuple(known.ranks)
+        known = members.get(name) or _Members()
+        if name not in resolved:
+            ranks, stated = _members_of(name, known, dumps, world)
+            resolved[name] = (tuple(ranks), stated)
+        state.ranks, state.members_stated = resolved[name]
         state.axes, state.desc, state.halves = list(known.axes), known.desc, recorders[name] > 1
         if not state.axes and (axis := axis_of(state.desc)):
             state.axes.append(axis)
@@ -428,18 +491,18 @@ def _stall(dumps: dict[int, RankDump], state: GroupState) -> Finding | None:
     if behind:
         waited = _waited(dumps, waiting, state)
         return Finding("stall", state, behind, top, entry.op, waiting, waited, created, "", _entries_at(state, waiting))
-    if state.out_of_reach:  # the silent ranks may well have entered it: their buffers do not reach back that far
-        stuck = [r for r in waiting if not state.entries[r].done and dumps[r].recorder(state.backend).tracks_completion]
-        if not stuck:
-            return None
-        detail = (
-            f"{_ranks(stuck)} waited in {entry.op} #{top} on {state.label}, and the buffers of "
-            f"{_ranks(state.out_of_reach)} do not reach back to it: cannot tell whether they entered it"
-        )
-        return Finding("unclear", state, [], top, entry.op, stuck, _waited(dumps, stuck, state), created, detail)
-    done = [r for r in waiting if state.entries[r].done]
-    unfinished = [r for r in waiting if not state.entries[r].done]
+    done = [r for r in waiting if dumps[r].finished(state.entries[r])]
+    unfinished = [r for r in waiting if r not in done]
     tracking = [r for r in unfinished if dumps[r].recorder(state.backend).tracks_completion]
+    if state.out_of_reach and not done:  # the silent ranks may well have entered it: their buffers do not reach back
+        if tracking:
+            detail = (
+                f"{_ranks(tracking)} waited in {entry.op} #{top} on {state.label}, and the buffers of "
+                f"{_ranks(state.out_of_reach)} do not reach back to it: cannot tell whether they entered it"
+            )
+            waited = _waited(dumps, tracking, state)
+            return Finding("unclear", state, [], top, entry.op, tracking, waited, created, detail)
+        return _unconfirmed(state, waiting, top, entry)
     if done and tracking:
         return Finding("not finished", state, tracking, top, entry.op, done, None, created)
     if not done and not state.missing and tracking:
@@ -450,7 +513,16 @@ def _stall(dumps: dict[int, RankDump], state: GroupState) -> Finding | None:
     if state.missing and (unfinished or latest):  # the others were still in it, or it was their last, when they dumped
         waited, calls = _waited(dumps, waiting, state), _entries_at(state, waiting)
         return Finding("missing", state, list(state.missing), top, entry.op, waiting, waited, created, "", calls)
-    return None
+    return _unconfirmed(state, waiting, top, entry) if not done else None
+
+
+def _unconfirmed(state: GroupState, waiting: list[int], top: int, entry: Entry) -> Finding:
+    """No member is known to have finished the group's last collective: its recorder does not say."""
+    if state.backend == "gloo":
+        why = "Gloo's recorder does not say (it retires a collective that timed out as one that finished)"
+    else:
+        why = f"their {state.backend or 'own'} recorder marked no entry finished"
+    return Finding("unconfirmed", state, list(waiting), top, entry.op, [], None, entry.created_ns, why)
 
 
 def peer_posted(op: Entry, mine: RankDump, peer: RankDump, state: GroupState) -> bool | None:
@@ -541,15 +613,35 @@ def _world_missing(missing: list[int], groups: list[GroupState], world: World, d
     return Finding("missing", everyone, unplaced, 0, "", [], None, 0, detail)
 
 
+def _world_unknown(world: World, dumps: dict[int, RankDump]) -> Finding:
+    """No record states the world: the ranks above the highest dump may have left none."""
+    everyone = GroupState("", range(world.size), ["world"], members_stated=False)
+    detail = (
+        f"cannot tell whether every rank dumped: no record states the world (torch's Gloo dumps list no default "
+        f"group, and there is no group map), and ranks above {world.size - 1} may have left no dump (dumps from "
+        f"{_ranks(list(dumps))}): {GIVE_THE_WORLD}"
+    )
+    return Finding("world unknown", everyone, [], 0, "", [], None, 0, detail)
+
+
 def _order(findings: list[Finding]) -> list[Finding]:
     """Mismatch, missing dump, then culprits that wait on no one before those that wait (a cascade's victims)."""
     waiting = {r for f in findings for r in f.waiting}
-    return sorted(findings, key=lambda f: (_PRIORITY[f.kind], all(r in waiting for r in f.ranks), f.created_ns))
+    return sorted(
+        findings,
+        key=lambda f: (
+            _PRIORITY[f.kind],
+            all(r in waiting for r in f.ranks),
+            -len(f.group.ranks) if f.kind == "unconfirmed" else 0,  # the widest group first
+            f.created_ns,
+        ),
+    )
 
 
-def analyse(dumps_in: Iterable[RankDump]) -> Analysis:
+def analyse(dumps_in: Iterable[RankDump], world: int | None = None) -> Analysis:
     """Merge the dumps as they come and find who did not join. The dumps are not changed: the analysis keeps each
-    without its signatures, which it merged. :class:`DumpError` where the dumps disagree on the world."""
+    without its signatures, which it merged. ``world``: the user's ``--world``. :class:`DumpError` where the dumps
+    disagree on the world or a group's members."""
     found: dict[GroupKey, GroupState] = {}
     members: dict[str, _Members] = {}
     dumps: dict[int, RankDump] = {}
@@ -558,14 +650,16 @@ def analyse(dumps_in: Iterable[RankDump]) -> Analysis:
         _merge(found, dump, sigs)
         _merge_members(members, dump)
         dumps[dump.rank] = dataclasses.replace(dump, signatures={})  # merged: the per-rank copy is not kept
-    world = world_of(dumps)
-    groups = _finish_groups(members, found, dumps, world.size)
+    the_world = world_of(dumps, given=world)
+    groups = _finish_groups(members, found, dumps, the_world)
     for state in groups:
         state.out_of_reach = _out_of_reach(dumps, state)
     findings = [f for s in groups for f in (_mismatch(s, sigs.table, dumps), _stall(dumps, s)) if f is not None]
     findings += _p2p(dumps, {g.key: g for g in groups})
-    missing = [r for r in range(world.size) if r not in dumps]
+    missing = [r for r in range(the_world.size) if r not in dumps]
     placed = {m for g in groups for m in g.missing}
     if any(r not in placed for r in missing):
-        findings.append(_world_missing(missing, groups, world, dumps))
-    return Analysis(_order(findings), groups, missing, dumps, world.size, world)
+        findings.append(_world_missing(missing, groups, the_world, dumps))
+    if not the_world.known and dumps:
+        findings.append(_world_unknown(the_world, dumps))
+    return Analysis(_order(findings), groups, missing, dumps, the_world.size, the_world)

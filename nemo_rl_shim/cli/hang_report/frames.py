@@ -19,6 +19,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from nemo_rl_shim.one_line.printable import clean
+
 __all__ = [
     "MAX_FILE_CHARS",
     "MAX_FUNCTION_CHARS",
@@ -27,6 +29,7 @@ __all__ = [
     "frame",
     "is_runtime_frame",
     "same_place",
+    "shared",
     "user_frame",
 ]
 
@@ -67,13 +70,31 @@ _MADE_MAX = 100_000
 
 def frame(file: str, line: int | None, function: str) -> Frame:
     """The one :class:`Frame` for ``file:line in function`` (text bounded to :data:`MAX_FILE_CHARS` and
-    :data:`MAX_FUNCTION_CHARS`, interned)."""
+    :data:`MAX_FUNCTION_CHARS`, made printable (:func:`~.printable.clean`), interned)."""
     key = (file[-MAX_FILE_CHARS:], line, function[:MAX_FUNCTION_CHARS])
     made = _MADE.get(key)
     if made is None:
-        made = Frame(sys.intern(key[0]), line, sys.intern(key[2]))
+        shown_file, shown_function = (
+            clean(key[0], limit=4 * MAX_FILE_CHARS),
+            clean(key[2], limit=4 * MAX_FUNCTION_CHARS),
+        )
+        made = Frame(sys.intern(shown_file), line, sys.intern(shown_function))
         if len(_MADE) < _MADE_MAX:
             _MADE[key] = made
+    return made
+
+
+#: Frames made in other processes (the readers), each kept once: bounded, for hostile files.
+_SHARED: dict[Frame, Frame] = {}
+
+
+def shared(found: Frame) -> Frame:
+    """The one object in this process for ``found``, a frame a reader process made: equal frames, one object."""
+    made = _SHARED.get(found)
+    if made is None:
+        made = found
+        if len(_SHARED) < _MADE_MAX:
+            _SHARED[found] = found
     return made
 
 

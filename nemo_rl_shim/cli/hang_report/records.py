@@ -7,19 +7,21 @@ Flight Recorder instance of that rank says of itself (torch keeps one per backen
 per hooked backend such as torch 2.15's ``nccl2``). A group is keyed by
 :data:`GroupKey`, its name and the recorder that numbered its ops (``("0", "gloo")``, ``("0", "nccl")``): the
 two halves of a ``cpu:gloo,cuda:nccl`` group are numbered apart. :class:`DumpError` is the one line for input
-that cannot be read.
+that cannot be read. :class:`GroupFacts` is a process group as one dump knows it: its members as a record lists them
+(``stated``), or, where no record does, only the rank that wrote the dump.
 """
 
 from __future__ import annotations
 
 import array
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from nemo_rl_shim.cli.hang_report.frames import Frame
 
-__all__ = ["DumpError", "Entry", "GroupKey", "P2PKey", "RankDump", "Recorder"]
+__all__ = ["DumpError", "Entry", "GroupFacts", "GroupKey", "P2PKey", "RankDump", "Recorder"]
 
 #: A process group as the entries name it, with the recorder (comm library) that numbered its ops.
 GroupKey = tuple[str, str]
@@ -63,12 +65,31 @@ class Entry:
 
 
 @dataclass(frozen=True, slots=True)
+class GroupFacts:
+    """One process group as one rank's dump knows it.
+
+    ``stated``: a record lists its members (the shim's group map, in the dump or its sidecar; torch's ``pg_config``),
+    and ``ranks`` are those, in group-rank order. Otherwise the group is known only from this rank's entries, and
+    ``ranks`` is this rank alone: a member that recorded nothing of the group cannot be seen, so such a group is never
+    reported as agreeing.
+    """
+
+    ranks: Sequence[int]  # a range where they step evenly (compared at once), else a tuple
+    stated: bool
+    axes: tuple[str, ...] = ()
+    desc: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Recorder:
     """One recorder's buffer in a dump: how far back it reaches, and whether it marks entries completed."""
 
     wrapped: bool  # its oldest entry is not its first (record_id > 0): older ones were overwritten
     oldest_ns: int | None  # its oldest entry's creation time
-    tracks_completion: bool  # NCCL marks entries completed; Gloo leaves every one 'scheduled'
+    # whether its "completed" is evidence that an op finished: NCCL's (stock and torch 2.15's hook) marks an entry
+    # completed only once the op finished; Gloo's never is: it leaves every entry 'scheduled', and retires a
+    # collective that timed out, and counts it in pg_status's last_completed_collective, as one that finished
+    tracks_completion: bool
 
 
 @dataclass
@@ -79,7 +100,7 @@ class RankDump:
     path: Path
     version: str
     n_entries: int
-    groups: dict[str, dict[str, Any]]  # group name -> {"axes", "ranks", "desc"}: its members, from every record
+    groups: dict[str, GroupFacts]  # group name -> its members, from every record (or from its entries alone)
     last: dict[GroupKey, Entry]  # the collective with the highest sequence number
     signatures: dict[GroupKey, tuple[array.array, array.array]]  # (numbers, signature ids)
     sig_table: list[tuple[str, str]]  # signature id -> (profiling name, sizes text)
@@ -98,10 +119,22 @@ class RankDump:
     dump_time_ns: int | None = None
     writer: str = "torch"
     backend: str = ""  # "nccl", "gloo", ... from the op names
+    # a window of the newest entries (the quick read): they reach back only to this time, whatever the recorder
+    window_oldest_ns: int | None = None
 
     def recorder(self, lib: str) -> Recorder:
-        """``lib``'s buffer facts; a recorder with no entry here reaches back to nothing and tracks nothing."""
-        return self.recorders.get(lib) or Recorder(wrapped=False, oldest_ns=None, tracks_completion=False)
+        """``lib``'s buffer facts; a recorder with no entry here reaches back to nothing and tracks nothing (in a
+        window of the newest entries, it reaches back to the window's oldest: its older entries were not read)."""
+        found = self.recorders.get(lib)
+        if found is not None:
+            return found
+        if self.window_oldest_ns is not None:
+            return Recorder(wrapped=True, oldest_ns=self.window_oldest_ns, tracks_completion=False)
+        return Recorder(wrapped=False, oldest_ns=None, tracks_completion=False)
+
+    def finished(self, entry: Entry) -> bool:
+        """Whether ``entry`` is known to have finished: it says so, and its recorder's word is evidence."""
+        return entry.done and self.recorder(entry.lib).tracks_completion
 
     @property
     def wrapped(self) -> bool:

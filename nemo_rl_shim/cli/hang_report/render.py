@@ -15,8 +15,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from nemo_rl_shim.cli.hang_report.analysis import Analysis, Finding, GroupState, pg_status_counts_done
+from nemo_rl_shim.cli.hang_report.analysis import CANNOT_TELL, Analysis, Finding, GroupState, pg_status_counts_done
+from nemo_rl_shim.cli.hang_report.progress import Progress
 from nemo_rl_shim.cli.hang_report.stacks import RankStack, group_stacks, is_runtime_frame
+from nemo_rl_shim.one_line.printable import shown_path
 from nemo_rl_shim.one_line.rank_ranges import format_ranks
 
 __all__ = [
@@ -44,13 +46,22 @@ def _ranks(ranks: Any) -> str:
 
 
 def _named_groups(analysis: Analysis) -> set[str]:
-    return {f.group.name for f in analysis.findings}
+    """The groups a finding of something wrong names (not those it only cannot tell about)."""
+    return {f.group.name for f in analysis.findings if f.kind not in CANNOT_TELL}
 
 
 def _agrees(group: GroupState, flagged: set[str]) -> bool:
+    """Its members at one number: no finding of something wrong names it, no member lacks a dump, and they are at
+    one number (whether that is confirmed, :func:`_confirmed` says)."""
     present = [r for r in group.ranks if r in group.last]
     counted = {group.last[r] for r in present if r not in group.out_of_reach}
     return group.name not in flagged and not group.missing and len(counted) <= 1
+
+
+def _confirmed(group: GroupState, unsure: set[tuple[str, str]]) -> bool:
+    """An agreeing group whose agreement is known: a record lists its members (else one that never recorded an op of
+    it cannot be seen), and its last collective is known to have finished."""
+    return group.members_stated and group.key not in unsure
 
 
 def _top(group: GroupState) -> int:
@@ -64,25 +75,41 @@ def _at(values: list[int]) -> str:
     return f"#{low}" if low == high else f"#{low}-#{high}"
 
 
+def _shape_line(kind: str, groups: list[GroupState], good: list[GroupState], unsure: list[GroupState]) -> str:
+    size = len(groups[0].ranks)
+    count = f"{len(groups)} group{'s' * (len(groups) > 1)} of {size}"
+    seen = " seen" if not groups[0].members_stated else ""
+    if not good:
+        return f"  {kind}: {count}{seen}, {'disagreeing' if len(groups) > 1 else 'disagrees'}"
+    tops = [_top(g) for g in good]
+    if seen:  # a member that never recorded an op of it cannot be seen: never "all at"
+        which = "its" if len(groups) == 1 else "their"
+        return f"  {kind}: {count} seen, members not recorded: {which} ranks at {_at(tops)}"
+    at = _at(tops) if max(tops) == 0 else ("all at " if len(set(tops)) == 1 else "at ") + _at(tops)
+    bad = len(groups) - len(good)
+    but = "" if not bad else f" but {'one' if bad == 1 else bad}"
+    sure = ""
+    if unsure:
+        which = "" if len(unsure) == len(good) else f" {len(unsure)} of them"
+        sure = f";{which} not known to have finished, or not every member known"
+    return f"  {kind}: {count}{seen}, {at}{but}{sure}"
+
+
 def _shape_lines(analysis: Analysis) -> list[str]:
-    """One line per kind and size of group; each disagreeing group below it, in full."""
+    """One line per kind and size of group (and whether its members are recorded); each disagreeing group below it,
+    in full."""
     flagged = _named_groups(analysis)
-    shapes: dict[tuple[str, int], list[GroupState]] = {}
+    unsure_keys = {f.group.key for f in analysis.findings if f.kind in CANNOT_TELL}
+    shapes: dict[tuple[str, int, bool], list[GroupState]] = {}
     for group in analysis.groups:
-        if group.name and len(group.ranks) > 1:
-            shapes.setdefault((group.kind, len(group.ranks)), []).append(group)
+        if group.name and (len(group.ranks) > 1 or not group.members_stated):
+            shapes.setdefault((group.kind, len(group.ranks), group.members_stated), []).append(group)
     lines = []
-    for (kind, size), groups in shapes.items():
+    for (kind, _, _), groups in shapes.items():
         good = [g for g in groups if _agrees(g, flagged)]
         bad = [g for g in groups if not _agrees(g, flagged)]
-        count = f"{len(groups)} group{'s' * (len(groups) > 1)} of {size}"
-        if good:
-            tops = [_top(g) for g in good]
-            at = _at(tops) if max(tops) == 0 else ("all at " if len(set(tops)) == 1 else "at ") + _at(tops)
-            but = "" if not bad else f" but {'one' if len(bad) == 1 else len(bad)}"
-            lines.append(f"  {kind}: {count}, {at}{but}")
-        else:
-            lines.append(f"  {kind}: {count}, {'disagreeing' if len(groups) > 1 else 'disagrees'}")
+        unsure = [g for g in good if not _confirmed(g, unsure_keys)]
+        lines.append(_shape_line(kind, groups, good, unsure))
         lines += [f"    {_group_line(g)}" for g in bad]
     return lines
 
@@ -101,6 +128,8 @@ def _group_line(group: GroupState) -> str:
         parts.append(f"{_ranks(group.out_of_reach)}: out of reach (buffer wrapped)")
     if group.missing:
         parts.append(f"{_ranks(group.missing)}: no dump")
+    if not group.members_stated:
+        parts.append("no record lists its members")
     return f"{group.label} (process group {group.name}): {'; '.join(parts)}"
 
 
@@ -110,7 +139,7 @@ def _dump_lines(analysis: Analysis, directory: Path) -> list[str]:
     if len(dumps) <= DUMPS_IN_FULL:
         for dump in dumps:
             why = f": {dump.reason}" if dump.reason else ""
-            name = dump.path.relative_to(directory) if dump.path.is_relative_to(directory) else dump.path
+            name = shown_path(dump.path.relative_to(directory) if dump.path.is_relative_to(directory) else dump.path)
             lines.append(f"  rank {dump.rank}: {name}, {dump.n_entries} entries, written by {dump.writer}{why}")
     else:
         writers = Counter(d.writer for d in dumps)
@@ -145,14 +174,24 @@ def torch_line(facts: dict[str, Any]) -> str:
     return f"torch {facts['torch']} analyzer: did not run: {facts['error']}"
 
 
-def stack_lines(stacks: Mapping[int, RankStack]) -> list[str]:
-    """The stacks written, grouped by identical frames, the outliers first; each group's user frames, then the
-    ranks whose block was armed when they last wrote, without a stack."""
+def _judged(ranks: list[int], progress: Mapping[int, Progress]) -> str:
+    """`` (3 samples; working: the stack moved)``: what the first rank's samples say, where it was judged."""
+    found = progress.get(ranks[0])
+    if found is None:
+        return ""
+    samples = max(found.stack_samples, found.counter_samples)
+    return f" ({samples} sample{'s' * (samples != 1)}; {found.verdict}: {found.reason})"
+
+
+def stack_lines(stacks: Mapping[int, RankStack], progress: Mapping[int, Progress] | None = None) -> list[str]:
+    """The stacks written, grouped by identical frames, the outliers first; each group's user frames (and what its
+    first rank's samples say of its progress), then the ranks whose block was armed when they last wrote, without a
+    stack."""
     lines = []
     groups = group_stacks(stacks)
     for frames, ranks in groups[:STACK_GROUPS_SHOWN]:
         first = stacks[ranks[0]]
-        lines.append(f"  {_ranks(ranks)}, {first.since}:")
+        lines.append(f"  {_ranks(ranks)}, {first.since}{_judged(ranks, progress or {})}:")
         user = [f for f in frames if not is_runtime_frame(f)] or list(frames[:1])
         lines += [f"    {f.where}" for f in user[:STACK_FRAMES_SHOWN]]
         hidden = len(frames) - min(len(user), STACK_FRAMES_SHOWN)
@@ -177,6 +216,7 @@ def render_text(
     directory: Path,
     torch_facts: dict[str, Any],
     stacks: Mapping[int, RankStack] | None = None,
+    progress: Mapping[int, Progress] | None = None,
 ) -> str:
     """The text ``nemo-rl-shim hang-report`` prints."""
     lines = [line, "", "groups:", *_shape_lines(analysis)]
@@ -184,7 +224,7 @@ def render_text(
         lines += ["", "also:"] + [f"  {f.line()}" for f in analysis.findings[1:6]]
         if len(analysis.findings) > 6:
             lines.append(f"  ... {len(analysis.findings) - 6} more (--json has every one)")
-    shown = stack_lines(stacks or {})
+    shown = stack_lines(stacks or {}, progress)
     if shown:
         lines += ["", "stacks (where each rank was once its block ran past the timeout and grace):", *shown]
     lines += ["", "dumps:", *_dump_lines(analysis, directory), torch_line(torch_facts)]
@@ -228,8 +268,9 @@ def report_json(
     return {
         "line": line,
         "exit_code": exit_code,
-        "directory": str(directory),
+        "directory": shown_path(directory),
         "world_size": analysis.world_size,
+        "world_known": bool(analysis.world and analysis.world.known),
         "world_from": analysis.world.source if analysis.world else None,
         "missing_dumps": analysis.missing,
         "findings": [finding_json(f, analysis) for f in analysis.findings],
@@ -239,6 +280,8 @@ def report_json(
                 "axes": g.axes,
                 "desc": g.desc,
                 "ranks": list(g.ranks),
+                "members_stated": g.members_stated,
+                "backend": g.backend,
                 "last_seq": g.last,
                 "missing": g.missing,
                 "out_of_reach": g.out_of_reach,
@@ -247,7 +290,7 @@ def report_json(
         ],
         "dumps": {
             d.rank: {
-                "file": str(d.path.relative_to(directory) if d.path.is_relative_to(directory) else d.path),
+                "file": shown_path(d.path.relative_to(directory) if d.path.is_relative_to(directory) else d.path),
                 "writer": d.writer,
                 "reason": d.reason,
                 "entries": d.n_entries,

@@ -22,10 +22,11 @@ from collections.abc import Mapping, Sequence
 
 from nemo_rl_shim.cli.hang_report.analysis import Finding
 from nemo_rl_shim.cli.hang_report.frames import Frame, same_place
+from nemo_rl_shim.cli.hang_report.progress import CANNOT_JUDGE, NOT_WORKING, WORKING, Progress
 from nemo_rl_shim.cli.hang_report.stacks import RankStack
 from nemo_rl_shim.one_line.rank_ranges import format_ranks
 
-__all__ = ["finding_line", "places", "stalled_line"]
+__all__ = ["did_not_enter", "finding_line", "places", "progress_note", "stalled_line"]
 
 #: Places of peers named on the first line (by group of identical places); the stacks section has all.
 PEER_PLACES = 2
@@ -51,15 +52,36 @@ def _place(frame: Frame | None) -> str:
     return f"at {frame.where}" if frame is not None else "in a stack without frames"
 
 
-def _culprit_places(ranks: Sequence[int], stacks: Mapping[int, RankStack], also: str = "", named: bool = True) -> str:
+def progress_note(found: Progress | None) -> str:
+    """What the samples say, for the parenthesis after a place: ``; not working in 3 samples``, ``; progress could
+    not be judged: one sample``; empty where the rank was not judged."""
+    if found is None:
+        return ""
+    if found.verdict == WORKING:
+        return f"; working: {found.reason}"
+    if found.verdict == NOT_WORKING:
+        return f"; not working in {max(found.stack_samples, found.counter_samples)} samples"
+    assert found.verdict == CANNOT_JUDGE
+    return f"; progress could not be judged: {found.reason}"
+
+
+def _culprit_places(
+    ranks: Sequence[int],
+    stacks: Mapping[int, RankStack],
+    also: str = "",
+    named: bool = True,
+    progress: Mapping[int, Progress] | None = None,
+) -> str:
     """``rank 3 at /job/train.py:57 in load_batch (its stack, 8.0 s into "train step")``, per group of identical
-    places; ``named=False`` drops the rank where the line has just named it, alone."""
+    places; ``named=False`` drops the rank where the line has just named it, alone; with ``progress``, what the
+    samples of the group's first rank say."""
     grouped = places(ranks, stacks)
     parts = []
     for frame, rs in grouped:
         who = f"{_ranks(rs)} " if named or len(ranks) > 1 else ""
         whose = "its stack" if len(rs) == 1 else "their stacks"
-        parts.append(f"{who}{_place(frame)} ({whose}, {stacks[rs[0]].since}{also})")
+        note = progress_note((progress or {}).get(rs[0]))
+        parts.append(f"{who}{_place(frame)} ({whose}, {stacks[rs[0]].since}{also}{note})")
     return "; ".join(parts)
 
 
@@ -87,8 +109,17 @@ def _did_not_enter(finding: Finding, stacks: Mapping[int, RankStack]) -> bool:
     )
 
 
-def finding_line(finding: Finding, stacks: Mapping[int, RankStack]) -> str:
-    """The finding's line, with the places of the ranks it names and of their waiting peers (see the module)."""
+def did_not_enter(finding: Finding, stacks: Mapping[int, RankStack]) -> bool:
+    """Whether the finding's ranks did not enter the collective their peers wait in (see :func:`_did_not_enter`),
+    with a stack that places them."""
+    return _did_not_enter(finding, stacks) and bool(_written(finding.ranks, stacks))
+
+
+def finding_line(
+    finding: Finding, stacks: Mapping[int, RankStack], progress: Mapping[int, Progress] | None = None
+) -> str:
+    """The finding's line, with the places of the ranks it names and of their waiting peers (see the module); with
+    ``progress``, what each named rank's samples say."""
     culprits = _written(finding.ranks, stacks)
     peers = _peer_places(finding, stacks)
     if not culprits and not peers:
@@ -98,7 +129,7 @@ def finding_line(finding: Finding, stacks: Mapping[int, RankStack]) -> str:
         also = "; no dump from it" if finding.kind == "missing" and len(finding.ranks) == 1 else ""
         if finding.kind == "missing" and len(finding.ranks) > 1:
             also = "; no dump from them"
-        at = _culprit_places(finding.ranks, stacks, also, named=False)
+        at = _culprit_places(finding.ranks, stacks, also, named=False, progress=progress)
         waited = f"{_ranks(finding.waiting)} waited"
         waited += f" {finding.waited_s:.1f} s" if finding.waited_s is not None else ""
         return f"{_ranks(finding.ranks)} did not enter {where}: {at}; {waited} in it{finding.waited_at()}{peers}"

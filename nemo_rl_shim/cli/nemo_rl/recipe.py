@@ -22,9 +22,10 @@ resolve=True)``. Our own code, not a copy; what differs is only what happens on 
   ``register_omegaconf_resolvers``: a resolver of the same name that is already registered
   is kept, not replaced.
 
-Errors are :class:`RecipeError` (a ``ValueError``), one line naming the file chain or the
-override: a missing parent (``a.yaml -> b.yaml -> missing.yaml: no such file``), a cycle in
-``defaults`` (NeMo RL would recurse until Python's limit), a bad override (quoted), or an
+Each file is read bounded (:mod:`.config_file`: a regular file under a size cap, UTF-8, its YAML aliases counted:
+a FIFO, a device or an alias bomb is refused in milliseconds). Errors are :class:`RecipeError` (a ``ValueError``),
+one line naming the file chain or the override: a missing parent (``a.yaml -> b.yaml -> missing.yaml: no such
+file``), a cycle in ``defaults`` (NeMo RL would recurse until Python's limit), a bad override (quoted), or an
 interpolation that cannot be resolved (its key named).
 
 OmegaConf and Hydra are imported here only, when a config is read: ``import nemo_rl_shim``
@@ -37,6 +38,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nemo_rl_shim.cli.nemo_rl.config_file import ConfigFileError, load_yaml
 from nemo_rl_shim.one_line.exception import first_line
 
 if TYPE_CHECKING:
@@ -83,16 +85,19 @@ def _chain_text(chain: Sequence[Path]) -> str:
 
 
 def _read_file(path: Path, chain: tuple[Path, ...]) -> DictConfig:
-    from omegaconf import DictConfig, OmegaConf
+    """One file of the chain, as ``OmegaConf.load`` reads it but bounded (:mod:`.config_file`: a regular file under a
+    size cap, decoded naming the file, its aliases counted)."""
+    from omegaconf import DictConfig
     from omegaconf.errors import OmegaConfBaseException
     from yaml import YAMLError
 
+    if not path.exists() and not path.is_symlink():
+        raise RecipeError(f"{_chain_text(chain)}: no such file")
     try:
-        config = OmegaConf.load(path)
-    except FileNotFoundError as e:
-        raise RecipeError(f"{_chain_text(chain)}: no such file") from e
-    except OSError as e:
-        raise RecipeError(f"{_chain_text(chain)}: cannot read it: {e.strerror or e}") from e
+        config = load_yaml(path)
+    except ConfigFileError as e:
+        where = f"{_chain_text(chain[:-1])} -> " if len(chain) > 1 else ""
+        raise RecipeError(f"{where}{e}") from None
     except (YAMLError, OmegaConfBaseException) as e:
         raise RecipeError(f"{_chain_text(chain)}: not a valid YAML config: {first_line(e, with_type=False)}") from e
     if not isinstance(config, DictConfig):

@@ -100,7 +100,7 @@ def _skipped(directory: Path, peers_go_on: int) -> Path:
 
 def test_the_waiting_peers_place_follows_where_they_wait(tmp_path: Path) -> None:
     report = hang_report.build_report(_stall(tmp_path, {0: LOSS, 1: LOSS, 2: LOSS}), with_torch=False)
-    assert report.line == (
+    assert report.kind.body == (
         "rank 3 did not enter all_reduce #2 on default, ranks 0-3, in which ranks 0-2 waited 600.0 s "
         "at /job/train.py:86 in step"
     )
@@ -108,18 +108,20 @@ def test_the_waiting_peers_place_follows_where_they_wait(tmp_path: Path) -> None
 
 def test_peers_that_called_from_several_places_are_grouped_the_outliers_first(tmp_path: Path) -> None:
     report = hang_report.build_report(_stall(tmp_path, {0: LOSS, 1: LOSS, 2: DATA}), with_torch=False)
-    assert report.line.endswith(
+    assert report.kind.body.endswith(
         "ranks 0-2 waited 600.0 s at /job/data.py:57 in load (rank 2), /job/train.py:86 in step (ranks 0-1)"
-    ), report.line
+    ), report.kind.body
 
 
 def test_a_peer_without_a_user_frame_is_not_placed(tmp_path: Path) -> None:
     """Frames of torch and the shim alone say nothing of the user's code: that peer has no place."""
     report = hang_report.build_report(_stall(tmp_path, {0: LOSS, 1: SHIM, 2: None}), with_torch=False)
-    assert report.line.endswith("ranks 0-2 waited 600.0 s at /job/train.py:86 in step (rank 0)"), report.line
+    assert report.kind.body.endswith("ranks 0-2 waited 600.0 s at /job/train.py:86 in step (rank 0)"), report.kind.body
     assert report.findings[0].called_at == {0: Frame(*LOSS), 1: None, 2: None}
     none = hang_report.build_report(_stall(tmp_path / "none", {}), with_torch=False)
-    assert none.line == "rank 3 did not enter all_reduce #2 on default, ranks 0-3, in which ranks 0-2 waited 600.0 s"
+    assert (
+        none.kind.body == "rank 3 did not enter all_reduce #2 on default, ranks 0-3, in which ranks 0-2 waited 600.0 s"
+    )
 
 
 def test_the_culprits_stack_first_then_the_peers_call_site_and_their_stacks_only_where_elsewhere(tmp_path) -> None:
@@ -138,10 +140,17 @@ def test_the_culprits_stack_first_then_the_peers_call_site_and_their_stacks_only
     stack(1, here)
     report = hang_report.build_report(directory, with_torch=False)
     start = "rank 3 did not enter all_reduce #2 on default, ranks 0-3: at /job/data.py:57 in load (its stack, 605.0 s"
-    assert report.line == f'{start} into "train step"); ranks 0-2 waited 600.0 s in it at /job/train.py:86 in step'
+    judged = "progress could not be judged: one sample"
+    assert (
+        report.kind.body
+        == f'{start} into "train step"; {judged}); ranks 0-2 waited 600.0 s in it at /job/train.py:86 in step'
+    )
+    assert (report.kind.name, report.kind.variant) == ("never_came", "python")
     stack(2, [("/job/train.py", 99, "sync")])  # under NCCL a rank may wait later than it called
     report = hang_report.build_report(directory, with_torch=False)
-    assert report.line.endswith("in it at /job/train.py:86 in step (their stacks: rank 2 at /job/train.py:99 in sync)")
+    assert report.kind.body.endswith(
+        "in it at /job/train.py:86 in step (their stacks: rank 2 at /job/train.py:99 in sync)"
+    )
 
 
 def test_a_dead_ranks_peers_and_a_p2p_wait_are_placed(tmp_path: Path) -> None:
@@ -150,18 +159,25 @@ def test_a_dead_ranks_peers_and_a_p2p_wait_are_placed(tmp_path: Path) -> None:
         rank.collective(WORLD, state="scheduled")
         _called(rank, LOSS)
     dead = hang_report.build_report(_write_all(tmp_path / "dead", ranks, skip=(3,)), with_torch=False)
-    assert dead.line == (
+    assert dead.kind.body == (
         "no dump from rank 3: ranks 0-2 were last in all_reduce #2 on default, ranks 0-3 (waited 600.0 s) "
         "at /job/train.py:86 in step"
+    )
+    assert (dead.kind.name, dead.kind.variant, dead.kind.ranks) == ("never_came", "dead", (3,))
+    assert (
+        dead.line
+        == f"never came (dead: no dump): {dead.kind.body}; fix: rank 3's host: its process ended or hung"
+        + (" (its log, memory, GPU)")
     )
     _, ranks = _world()
     ranks[3].recv(WORLD, 2, state="scheduled")
     _called(ranks[3], ("/job/pipeline.py", 31, "recv_forward"))
     p2p = hang_report.build_report(_write_all(tmp_path / "p2p", ranks), with_torch=False)
-    assert p2p.line == (
+    assert p2p.kind.body == (
         "rank 2 did not send to rank 3, which waited in its recv #1 on default, ranks 0-3; "
         "waiting at /job/pipeline.py:31 in recv_forward"
     )
+    assert (p2p.kind.name, p2p.kind.ranks, p2p.line.partition(":")[0]) == ("p2p_stall", (2,), "p2p stall")
 
 
 # --- a skipped collective against a size mismatch -----------------------------------------------------------------
@@ -172,15 +188,17 @@ def test_a_skipped_collective_says_where_each_side_called(tmp_path: Path, peers_
     """The mismatch at #2 is the last collective of every rank (0), or one the peers went past: its call sites
     still come from the dumps' newest entries."""
     report = hang_report.build_report(_skipped(tmp_path, peers_go_on), with_torch=False)
-    assert report.line == (
+    assert report.kind.body == (
         "rank 3 differs on all_reduce #2 on default, ranks 0-3: input sizes [[4]] (rank 3) where ranks 0-2 have "
         "[[2]]; called from /job/train.py:86 in step where ranks 0-2 called from /job/train.py:84 in step"
     )
+    assert (report.kind.name, report.kind.ranks) == ("skipped_collective", (3,))
+    assert report.line.endswith("; fix: the code path that skips all_reduce on rank 3, or adds one"), report.line
 
 
 def test_a_mismatch_older_than_the_call_sites_kept_says_no_place(tmp_path: Path) -> None:
     report = hang_report.build_report(_skipped(tmp_path, dump_format.CALLS_KEPT + 2), with_torch=False)
-    assert report.line.endswith("input sizes [[4]] (rank 3) where ranks 0-2 have [[2]]"), report.line
+    assert report.kind.body.endswith("input sizes [[4]] (rank 3) where ranks 0-2 have [[2]]"), report.kind.body
     assert report.findings[0].called_at[3] is not None and report.findings[0].called_at[0] is None
 
 
@@ -190,10 +208,12 @@ def test_a_size_mismatch_from_one_place_says_no_place(tmp_path: Path) -> None:
         rank.collective(WORLD, sizes=((8,),) if rank.rank == 2 else ((4,),), state="scheduled")
         _called(rank, LOSS)
     report = hang_report.build_report(_write_all(tmp_path, ranks), with_torch=False)
-    assert report.line == (
+    assert report.kind.body == (
         "rank 2 differs on all_reduce #2 on default, ranks 0-3: input sizes [[8]] (rank 2) where ranks 0-1, 3 have "
         "[[4]]"
     )
+    assert (report.kind.name, report.kind.variant, report.kind.ranks) == ("mismatch", "sizes", (2,))
+    assert report.line == f"mismatch (sizes): {report.kind.body}; fix: the sizes rank 2 passes to all_reduce #2"
 
 
 def test_a_checkout_at_another_path_is_the_same_place(tmp_path: Path) -> None:
@@ -203,7 +223,7 @@ def test_a_checkout_at_another_path_is_the_same_place(tmp_path: Path) -> None:
         rank.collective(WORLD, sizes=((8,),) if rank.rank == 2 else ((4,),), state="scheduled")
         _called(rank, ("/node2/job/train.py", 86, "step") if rank.rank == 2 else LOSS)
     report = hang_report.build_report(_write_all(tmp_path, ranks), with_torch=False)
-    assert report.line.endswith("where ranks 0-1, 3 have [[4]]"), report.line
+    assert report.kind.body.endswith("where ranks 0-1, 3 have [[4]]"), report.kind.body
     assert same_place(Frame("/a/train.py", 1, "f"), Frame("/b/train.py", 1, "f"))
     assert not same_place(Frame("/a/train.py", 1, "f"), Frame("/a/eval.py", 1, "f"))
 
@@ -214,9 +234,9 @@ def test_a_two_against_two_mismatch_from_two_places_says_both(tmp_path: Path) ->
         rank.collective(WORLD, sizes=((2,),) if rank.rank < 2 else ((4,),), state="scheduled")
         _called(rank, METRIC if rank.rank < 2 else LOSS)
     report = hang_report.build_report(_write_all(tmp_path, ranks), with_torch=False)
-    assert report.line.endswith(
+    assert report.kind.body.endswith(
         "rank 3: [[4]]; called from /job/train.py:84 in step (ranks 0-1), /job/train.py:86 in step (ranks 2-3)"
-    ), report.line
+    ), report.kind.body
 
 
 # --- what is kept, and --json -------------------------------------------------------------------------------------
@@ -241,13 +261,17 @@ def test_only_the_innermost_user_frame_is_kept_and_ranks_share_it(tmp_path: Path
 
 
 def test_frames_are_read_only_where_kept(tmp_path: Path) -> None:
-    """A malformed ``frames`` on an entry the reduction keeps is exit 2 naming it; on one it skips, never read."""
+    """A malformed ``frames`` on an entry the reduction keeps is exit 2 naming it; on one it skips, it is not read
+    for a stall (exit 1), and a healthy verdict, which checks every field, refuses it (exit 2)."""
     _, ranks = _world()
     for _ in range(3 * dump_format.CALLS_KEPT):
         for rank in ranks:
             rank.collective(WORLD)
     ranks[1].entries[0]["frames"] = "not frames"
-    assert hang_report.build_report(_write_all(tmp_path, ranks), with_torch=False).exit_code == 0
+    with pytest.raises(hang_report.DumpError, match=r"nccl_trace_rank_1: entry 0 'frames' is 'not frames' \(str\)"):
+        hang_report.build_report(_write_all(tmp_path, ranks), with_torch=False)
+    ranks[0].collective(WORLD, state="scheduled")  # rank 0 waits in one more: a stall, read without the skipped entry
+    assert hang_report.build_report(_write_all(tmp_path, ranks), with_torch=False).exit_code == 1
     raw = pickle.loads((tmp_path / "nccl_trace_rank_1").read_bytes())
     raw["entries"][-1]["frames"] = [{"name": "f", "filename": b"x", "line": 1}]
     (tmp_path / "nccl_trace_rank_1").write_bytes(pickle.dumps(raw))
@@ -260,10 +284,10 @@ def test_a_hostile_frame_is_cut_to_size(tmp_path: Path) -> None:
     for rank in ranks[:3]:
         rank.collective(WORLD, state="scheduled")
         _called(rank, ("/" + "x" * 100_000 + "/train.py", 86, "f" * 100_000))
-    line = hang_report.build_report(_write_all(tmp_path, ranks), with_torch=False).line
+    line = hang_report.build_report(_write_all(tmp_path, ranks), with_torch=False).kind.body
     assert len(line) < 600 and line.endswith("x/train.py:86 in " + "f" * 120), len(line)
 
 
 def test_finding_line_without_stacks_is_the_findings_own(tmp_path: Path) -> None:
     report = hang_report.build_report(_stall(tmp_path, {0: LOSS, 1: LOSS, 2: LOSS}), with_torch=False)
-    assert finding_line(report.findings[0], {}) == report.findings[0].line() == report.line
+    assert finding_line(report.findings[0], {}) == report.findings[0].line() == report.kind.body

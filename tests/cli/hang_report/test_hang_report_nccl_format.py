@@ -21,6 +21,7 @@ import pytest
 
 from nemo_rl_shim.cli import hang_report
 from nemo_rl_shim.cli.hang_report import loader
+from nemo_rl_shim.cli.hang_report.kinds import MAX_LINE_CHARS
 from nemo_rl_shim.cli.main import main
 from nemo_rl_shim.flight_recorder import DUMP_FILE_NAME, TORCH_DEFAULT_PREFIX
 from tests.harness.nccl_format_dumps import Clock, Group, Rank, write
@@ -140,7 +141,7 @@ def test_the_prefix_in_torch_fr_dump_temp_file_is_read_first(scenarios, tmp_path
     report = _report(tmp_path)
     assert sorted(report.dumps) == [0, 1, 2, 3] and report.findings[0].ranks == [3]
     monkeypatch.delenv("TORCH_FR_DUMP_TEMP_FILE")
-    with pytest.raises(hang_report.DumpError, match="several prefixes"):
+    with pytest.raises(hang_report.DumpError, match=r"holds dumps of several runs: checkpoint_step_<rank> \(1 in \.\)"):
         _report(tmp_path)
     assert loader.dump_prefixes({})[0] == DUMP_FILE_NAME
 
@@ -174,9 +175,10 @@ def test_details_stay_readable_and_json_keeps_every_rank(tmp_path) -> None:
         write(tmp_path, recorder)
     report = _report(tmp_path)
     text = hang_report.render(report)
-    assert report.line.startswith("rank 517 did not enter all_reduce #3 on tp, ranks 512-519"), report.line
+    assert report.line.startswith("never came: rank 517 did not enter all_reduce #3 on tp, ranks 512-519"), report.line
     assert "  tp: 128 groups of 8, all at #3 but one" in text.splitlines(), text
-    assert max(len(line) for line in text.splitlines()) < 200, text
+    first, *details = text.splitlines()
+    assert len(first) <= MAX_LINE_CHARS and max(len(line) for line in details) < 200, text
     payload = report.to_json()
     tp_groups = [g for g in payload["groups"] if g["axes"] == ["tp"]]
     assert len(tp_groups) == 128 and sum(len(g["ranks"]) for g in tp_groups) == world
@@ -206,7 +208,9 @@ def test_preflight_waits_for_the_last_ranks_dump(scenarios, tmp_path) -> None:
     summary = hang_report.preflight_summary(tmp_path, 4, wait_s=10)
     writer.join()
     assert summary["missing_dumps"] == [], summary["summary"]
-    assert summary["summary"].endswith("every rank agrees: 4 dumps, every group at the same collective")
+    assert summary["summary"].endswith(
+        "every rank agrees: 4 dumps of a world of 4 (--world), every group's last collective finished"
+    ), summary["summary"]
     assert time.monotonic() - start < 9, "it waited out the bound: the last dump was not seen"
 
 
@@ -237,8 +241,12 @@ def test_torch_analyzer_says_what_it_did_in_one_line(scenarios) -> None:
 def test_json_first_line_and_exit_agree(scenarios, capfd) -> None:
     assert main(["hang-report", "--json", str(scenarios["p2p_stall"])]) == 1
     payload = json.loads(capfd.readouterr().out)
-    assert payload["line"] == payload["findings"][0]["line"] and payload["findings"][0]["kind"] == "p2p"
+    assert payload["line"].startswith(f"p2p stall: {payload['findings'][0]['line']}; fix: ")
+    assert payload["findings"][0]["kind"] == "p2p"
     assert payload["findings"][0]["ranks"] == [2] and payload["findings"][0]["waiting"] == [3]
+    kind = payload["kind"]
+    assert (kind["name"], kind["ranks"], kind["evidence"]["waiting"]) == ("p2p_stall", [2], [3]), kind
+    assert payload["line"].endswith(kind["suggestion"]["text"])
 
 
 # --- the survivors of #27's mutation audit: each rule on its own ----------------------------------------------------
@@ -365,5 +373,7 @@ def test_a_collective_waited_in_beyond_a_wrapped_buffers_reach_is_unclear_never_
     default = next(g for g in report.groups if g.name == "0")
     assert default.out_of_reach == [0, 1]
     assert _kinds(report) == [("unclear", [], [2, 3])], [f.line() for f in report.findings]
-    assert report.line.startswith("ranks 2-3 waited in all_reduce #3 on default, ranks 0-3, and the buffers of ranks")
+    assert report.line.startswith(
+        "unclear: ranks 2-3 waited in all_reduce #3 on default, ranks 0-3, and the buffers of"
+    )
     assert report.exit_code == hang_report.EXIT_FOUND

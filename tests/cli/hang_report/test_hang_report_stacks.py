@@ -267,8 +267,10 @@ def test_a_stack_alone_is_a_finding_and_exits_1(tmp_path: Path) -> None:
     report = _report(tmp_path, [])
     assert report.exit_code == hang_report.EXIT_FOUND
     assert report.line.startswith(
-        'rank 3 stayed in a watched block past its deadline (8.0 s into "train step"): at /job/data.py:57 in load_batch'
+        'stayed in a block: rank 3 stayed in a watched block past its deadline (8.0 s into "train step"): at '
+        "/job/data.py:57 in load_batch"
     ), report.line
+    assert report.line.endswith("; fix: what rank 3 waits for at data.py:57 in load_batch"), report.line
     missing = _report(tmp_path, [], [1])
     assert missing.line.startswith("no dump from rank 1; rank 3 stayed in a watched block"), missing.line
 

@@ -11,6 +11,7 @@ What torch writes there, observed and asserted below: Gloo keeps every entry ``s
 from __future__ import annotations
 
 import pickle
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ import pytest
 from nemo_rl_shim.cli import hang_report
 from nemo_rl_shim.cli.main import main
 from nemo_rl_shim.cli.preflight.spawn import spawn_ranks
+from tests.harness.hostile_inputs import PEAK_MB, SECONDS, run_capped
 from tests.ranks import torch_fr
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.every_lane]
@@ -53,6 +55,7 @@ def worlds(tmp_path_factory) -> dict[str, dict[str, Any]]:
         "batched_p2p_stall": {},
         "dead_rank": {},
         "healthy": {"rounds": 3, "extra": BUFFER + 10},
+        "crossed": {},
     }
     return {name: _world(tmp_path_factory, name, **extra) for name, extra in scenarios.items()}
 
@@ -100,7 +103,12 @@ def test_the_worlds_ran_as_intended(worlds) -> None:
     assert worlds["p2p_stall"]["results"][3]["step2"].startswith("raised: "), worlds["p2p_stall"]["results"]
     assert worlds["batched_p2p_stall"]["results"][3]["step2"].startswith("raised: ")
     assert worlds["dead_rank"]["results"][1] is None and sorted(_dumps(worlds["dead_rank"])) == [0, 2, 3]
-    for name in ("sub_group_stall", "mismatch", "p2p_stall", "batched_p2p_stall", "healthy"):
+    crossed = worlds["crossed"]["results"]
+    assert all(crossed.get(r) and crossed[r]["first"].startswith("raised: ") for r in range(4)), (
+        crossed,
+        worlds["crossed"]["errors"],
+    )
+    for name in ("sub_group_stall", "mismatch", "p2p_stall", "batched_p2p_stall", "healthy", "crossed"):
         assert sorted(_dumps(worlds[name])) == [0, 1, 2, 3], (name, worlds[name]["errors"])
 
 
@@ -121,10 +129,14 @@ def test_a_sub_group_stall_names_the_rank_op_and_group(worlds) -> None:
     report = _report(worlds["sub_group_stall"]["dir"])
     first = report.findings[0]
     assert (first.kind, first.ranks, first.waiting, first.op, first.seq) == ("stall", [3], [2], "all_reduce", 3)
-    assert first.group.ranks == (2, 3)
-    label = "tp, ranks 2-3" if first.group.desc == "tp" else f"process group {first.group.name}, ranks 2-3"
+    assert first.group.ranks == (2, 3) and not first.group.members_stated, "torch's Gloo dumps list no group's members"
+    label = "tp, seen ranks 2-3" if first.group.desc == "tp" else f"process group {first.group.name}, seen ranks 2-3"
     at = _called_at(worlds["sub_group_stall"], 2, "lambda: dist.all_reduce(torch.ones(4), group=mine)")
-    assert report.line == f"rank 3 did not enter all_reduce #3 on {label}, in which rank 2 waited {TIMEOUT_S:.1f} s{at}"
+    assert (
+        report.kind.body
+        == f"rank 3 did not enter all_reduce #3 on {label}, in which rank 2 waited {TIMEOUT_S:.1f} s{at}"
+    )
+    assert (report.kind.name, report.kind.ranks) == ("never_came", (3,)), report.line
     assert report.exit_code == hang_report.EXIT_FOUND
 
 
@@ -154,14 +166,15 @@ def test_torch_analyzer_fails_on_gloos_pg_config_in_one_line(worlds) -> None:
         return
     assert facts["outcome"] == "failed" and facts["error"].startswith("KeyError: "), facts
     assert last == f"torch {facts['torch']} analyzer: did not run: {facts['error']}"
-    assert report.line.startswith("rank 3 did not enter"), "the first line does not depend on it"
+    assert report.kind.body.startswith("rank 3 did not enter"), "the first line does not depend on it"
 
 
 def test_a_mismatch_names_the_odd_one_out(worlds) -> None:
     _recorded(worlds["mismatch"])
     report = _report(worlds["mismatch"]["dir"])
     assert report.line == (
-        "rank 2 differs on broadcast #2 on default, ranks 0-3: input sizes [[8]] (rank 2) where ranks 0-1, 3 have [[4]]"
+        "mismatch (sizes): rank 2 differs on broadcast #2 on default, seen ranks 0-3: input sizes [[8]] (rank 2) "
+        "where ranks 0-1, 3 have [[4]]; fix: the sizes rank 2 passes to broadcast #2"
     )
     assert report.exit_code == hang_report.EXIT_FOUND
 
@@ -187,12 +200,76 @@ def test_a_dead_rank_is_named_before_the_rank_waiting_on_it(worlds) -> None:
     assert [(f.ranks, f.waiting) for f in stalls] == [([0], [2])], [f.line() for f in report.findings]
 
 
-def test_a_wrapped_buffer_is_healthy(worlds) -> None:
+def test_a_wrapped_buffer_is_out_of_reach_and_gloo_alone_never_reads_healthy(worlds) -> None:
+    """Ranks 0-1's buffers wrapped past the default group's collectives: out of reach, not behind. And a healthy
+    run's Gloo dumps still do not exit 0: no record states the world, and Gloo's recorder never says a collective
+    finished (it retires one that timed out alike); with the world given, only the latter is left."""
     _recorded(worlds["healthy"])
     dumps = _dumps(worlds["healthy"])
     assert all(len(d["entries"]) == BUFFER for r, d in dumps.items() if r < 2)
     assert all(d["entries"][0]["record_id"] > 0 for r, d in dumps.items() if r < 2), "ranks 0-1 wrapped"
     report = _report(worlds["healthy"]["dir"])
     default = next(g for g in report.groups if g.desc == "default_pg")
+    assert default.ranks == (2, 3) and not default.members_stated, "without the world, only the ranks its entries show"
+    assert [f.kind for f in report.findings][:2] == ["world unknown", "unconfirmed"], hang_report.render(report)
+    assert report.exit_code == hang_report.EXIT_FOUND and report.line.startswith(
+        "cannot tell whether every rank dumped"
+    )
+    assert report.line.endswith("give the world with --world N"), report.line
+    given = hang_report.build_report(worlds["healthy"]["dir"], world=4)
+    default = next(g for g in given.groups if g.desc == "default_pg")
     assert default.out_of_reach == [0, 1] and default.last[2] == default.last[3] == 3, default
-    assert report.exit_code == hang_report.EXIT_AGREE, hang_report.render(report)
+    assert {f.kind for f in given.findings} == {"unconfirmed"} and given.exit_code == hang_report.EXIT_FOUND
+    assert given.line.startswith("cannot tell whether ranks 2-3 finished all_reduce #3 on default, ranks 0-3: "), (
+        given.line
+    )
+
+
+# --- #33: never "every rank agrees" while a rank is missing or a collective is unfinished -------------------------
+
+
+def _without(world: dict[str, Any], tmp_path: Path, rank: int) -> Path:
+    directory = tmp_path / "dumps"
+    shutil.copytree(world["dir"], directory)
+    (directory / f"{PREFIX}{rank}").unlink()
+    return directory
+
+
+@pytest.mark.parametrize("name", ["healthy", "sub_group_stall"])
+def test_the_top_ranks_dump_missing_is_never_every_rank_agrees(worlds, tmp_path, name: str) -> None:
+    """#33: rank 3's dump removed (a healthy rank, or the one that hung): main read the rest as 'every rank agrees:
+    3 dumps'. torch's Gloo dumps state no world: exit 1 saying rank 3 and above may be missing and how to give the
+    world; the group rank 3 shared shows only the rank seen, never 'all at #N'; given the world, rank 3 is named.
+    Run as the command under the 6 GiB cap."""
+    _recorded(worlds[name])
+    directory = _without(worlds[name], tmp_path, 3)
+    outcome = run_capped("hang-report", str(directory))
+    assert outcome.code == 1 and outcome.seconds < SECONDS and outcome.peak_mb < PEAK_MB, outcome
+    if name == "healthy":
+        assert outcome.line.startswith("cannot tell whether every rank dumped: no record states the world"), outcome
+        assert "ranks above 2 may have left no dump" in outcome.line and outcome.line.endswith("--world N")
+    assert "all at #" not in outcome.out and "every rank agrees" not in outcome.out, outcome.out
+    report = _report(directory)
+    tp = next(g for g in report.groups if 2 in g.ranks and g.desc == "tp")
+    assert tp.ranks == (2,) and not tp.members_stated, tp
+    given = run_capped("hang-report", "--world", "4", str(directory))
+    named = re.match(r"(?:never came \([^)]*\): )?no dump from rank 3\b", given.line)
+    assert given.code == 1 and named, given
+
+
+def test_every_rank_waiting_in_a_collective_is_never_every_rank_agrees(worlds) -> None:
+    """#33: every rank timed out inside an all_reduce, none idle (:func:`tests.ranks.torch_fr._crossed`): every
+    group at #1 on every rank, each collective retired and counted completed by Gloo. main read 'every rank agrees';
+    now exit 1: Gloo's recorder never says a collective finished."""
+    _recorded(worlds["crossed"])
+    dumps = _dumps(worlds["crossed"])
+    assert all(e["retired"] and e["state"] == "scheduled" for d in dumps.values() for e in d["entries"])
+    assert {d["pg_status"]["1"]["last_completed_collective"] for d in dumps.values()} == {1}, "Gloo counts it done"
+    outcome = run_capped("hang-report", "--world", "4", str(worlds["crossed"]["dir"]))
+    assert outcome.code == 1 and outcome.seconds < SECONDS and outcome.peak_mb < PEAK_MB, outcome
+    report = hang_report.build_report(worlds["crossed"]["dir"], world=4)
+    assert {(f.kind, tuple(f.ranks)) for f in report.findings} == {("unconfirmed", (0, 1, 2, 3))}
+    assert len(report.findings) == 2 and {f.group.desc for f in report.findings} == {"a", "b"}
+    assert outcome.line == report.line and report.line.startswith(
+        "cannot tell whether ranks 0-3 finished all_reduce #1"
+    )

@@ -177,7 +177,7 @@ def test_a_rank_number_in_a_file_name_does_not_size_the_world(tmp_path) -> None:
     for directory, words in (
         (big, "outside the world of 2 ranks"),
         (empty, "rank 999999999 is outside the world of 2 ranks"),
-        (unlisted, "no dump lists the world"),
+        (unlisted, "no record states the world"),
     ):
         found = facts[str(directory)]
         assert found["code"] == 2 and f"{PREFIX}999999999" in found["line"] and words in found["line"], found
@@ -190,7 +190,7 @@ def test_missing_top_ranks_are_seen(tmp_path, capfd) -> None:
     code, out, _ = _run(tmp_path, capfd, as_json=True)
     payload = json.loads(out)
     assert code == 1 and payload["missing_dumps"] == [2, 3] and payload["world_size"] == 4, payload
-    assert payload["line"].startswith("no dump from ranks 2-3"), payload["line"]
+    assert payload["line"].startswith("never came (dead: no dump): no dump from ranks 2-3"), payload["line"]
 
 
 def test_missing_top_ranks_are_seen_from_the_shims_sidecar(tmp_path, capfd) -> None:
@@ -207,10 +207,14 @@ def test_missing_top_ranks_are_seen_from_the_shims_sidecar(tmp_path, capfd) -> N
 
 def test_world_size_that_disagrees_with_the_listed_world_is_refused(tmp_path, capfd) -> None:
     raw = _healthy(tmp_path)
-    raw[1]["nemo_rl_shim"] = {"rank": 1, "world_size": 999999999, "groups": {}}
+    raw[1]["nemo_rl_shim"] = {"rank": 1, "world_size": 3, "groups": {}}
     (tmp_path / f"{PREFIX}1").write_bytes(pickle.dumps(raw[1]))
     code, _, err = _run(tmp_path, capfd)
-    _assert_one_line(code, err, tmp_path / f"{PREFIX}1", "world_size 999999999")
+    _assert_one_line(code, err, tmp_path, "the world disagrees", f"the world_size in {tmp_path / PREFIX}1 says 3")
+    raw[1]["nemo_rl_shim"]["world_size"] = 999_999_999  # past the largest world the report reads: refused as it is
+    (tmp_path / f"{PREFIX}1").write_bytes(pickle.dumps(raw[1]))
+    code, _, err = _run(tmp_path, capfd)
+    _assert_one_line(code, err, tmp_path / f"{PREFIX}1", "'nemo_rl_shim.world_size' is 999999999 (int), not a world")
 
 
 # --- malformed dumps: exit 2, one line naming the file --------------------------------------------------------------
@@ -281,7 +285,7 @@ def test_each_malformed_dump_gets_exit_2_and_one_line(tmp_path, capfd, case: str
         (f"{PREFIX}1", pickle.dumps(_healthy.__doc__)[:-3], "is not a readable flight-recorder dump"),
         (f"{PREFIX}1", pickle.dumps([1, 2]), "torch writes a dict, this is [1, 2] (list)"),
         ("fr_groups_rank_1.json", b"{not json", "is not a readable group map"),
-        ("fr_groups_rank_1.json", b'{"world_size": -4}', "'world_size' is -4 (int), not a positive int"),
+        ("fr_groups_rank_1.json", b'{"world_size": -4}', "'world_size' is -4 (int), not a world of 1 to"),
         ("fr_groups_rank_1.json", b'{"groups": {"0": {"ranks": [0, 0]}}}', "not a list of distinct ranks"),
     ],
 )

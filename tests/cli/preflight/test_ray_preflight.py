@@ -135,7 +135,8 @@ def test_a_peer_that_gives_up_ends_the_run_before_its_bound(scenarios, record_pr
 def test_a_stalled_actor_is_named_by_the_flight_recorder_dumps(scenarios) -> None:
     """Both actors wrote their dumps on their node (one node here); the driver read them after the run."""
     hang = scenarios["gave_up"]["report"]["hang_report"]
-    assert hang["line"].startswith("rank 1 did not enter all_reduce #"), hang
+    assert hang["kind"]["name"] == "never_came" and hang["kind"]["ranks"] == [1], hang["kind"]
+    assert hang["line"].partition(": ")[2].startswith("rank 1 did not enter all_reduce #"), hang
     assert "on default" in hang["line"] and "in which rank 0 waited" in hang["line"], hang["line"]
     assert "written by the Ray actors on their node (127.0.0.1)" in hang["summary"], hang["summary"]
     assert sorted(hang["dumps"]) == ["0", "1"] or sorted(hang["dumps"]) == [0, 1], hang["dumps"]
