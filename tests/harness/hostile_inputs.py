@@ -44,13 +44,16 @@ _PARENT = textwrap.dedent(
     """
     import json, resource, subprocess, sys, time
     cap = int(sys.argv[1])
-    resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+    def capped():  # in the command's process only: this parent stays uncapped, to report what happened
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
     start = time.monotonic()
     try:
-        done = subprocess.run(sys.argv[3:], capture_output=True, timeout=float(sys.argv[2]))
+        done = subprocess.run(sys.argv[3:], capture_output=True, timeout=float(sys.argv[2]), preexec_fn=capped)
         code, out, err = done.returncode, done.stdout, done.stderr
     except subprocess.TimeoutExpired as e:
         code, out, err = "timeout", e.stdout or b"", e.stderr or b""
+    except OSError as e:  # the cap left too little to start the command at all
+        code, out, err = "not started", b"", str(e).encode()
     wall = time.monotonic() - start
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     print(json.dumps({"code": code, "seconds": round(wall, 3), "peak_mb": round(peak, 1),
