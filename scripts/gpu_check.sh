@@ -10,6 +10,11 @@
 #                                              ranks with two GPUs or more, rank 1 never joining; run last,
 #                                              with --backend nccl and --backend nccl-legacy, each also
 #                                              --torch-only: see nccl_backends below)
+#   3b. python -m tests.scripts.gpu_default_timeout   (one GPU: the NeMo RL pull request's one-GPU test without NeMo RL:
+#                                              torch's default for new groups set to 45 min, then a one-rank
+#                                              cuda:nccl,cpu:gloo default group, a mesh sub-group and a later
+#                                              group, each backend read back, with TORCH_DISTRIBUTED_DEBUG OFF and
+#                                              DETAIL. NOT YET RUN ON A GPU: its logic runs on CPU with --cpu)
 #   5. python -m tests.scripts.gpu_mesh_timeouts      (two GPUs or more: set_mesh_timeouts after a mesh build without
 #                                              a timeout, 0.2 min read back on the NCCL and Gloo halves; an
 #                                              NCCL all-reduce whose last rank never joins fails after ~12 s.
@@ -118,6 +123,9 @@ step "$python" -m nemo_rl_shim status
 step "$python" -m pytest -o addopts="--strict-markers -ra" -m gpu tests/test_gpu.py -v -rs -p no:cacheprovider
 # preflight's own bound is shorter, so that a stuck rank is reported rather than killed.
 step "$python" -m nemo_rl_shim preflight --timeout-s "$((limit > 120 ? limit - 60 : limit))"
+# The NeMo RL pull request's one-GPU check (nemo_rl_shim/upstream/0004's GPU test, without NeMo RL); each of its
+# two fresh processes bounded at 240 s.
+step "$python" -m tests.scripts.gpu_default_timeout
 # Two GPUs or more (exit 2 with fewer); each rank bounded at 180 s, the stalled all-reduce at 12 s. Under both of
 # torch 2.15's NCCL backends: whether NCCL2's options, which the shim reads back, hold what set_timeout gave it.
 if [ "$("$python" -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; then

@@ -35,7 +35,7 @@ SECTIONS = (
     ("distillation teacher", "distillation_math.yaml", "distillation", "teacher"),
     ("ppo value", "ppo_math_1B.yaml", "ppo", "value"),
 )
-VALUES = (True, "45", math.nan, math.inf, 0, -5, 45, None)
+VALUES = (True, "45", math.nan, math.inf, 0, -5, 1e308, 45, None)
 
 
 def _outcome(call: Any) -> str:
@@ -65,8 +65,10 @@ def _master_config(configs: Path) -> dict[str, dict[str, str]]:
             config[section]["automodel_cfg"] = {"distributed_timeout_minutes": value}
 
             def validate(config: dict[str, Any] = config, section: str = section, master: Any = master_config) -> Any:
-                validated = getattr(master(**config), section)
-                return validated.get("automodel_cfg", {}).get("distributed_timeout_minutes", "<dropped>")
+                automodel_cfg = getattr(master(**config), section).get("automodel_cfg", {})
+                if isinstance(automodel_cfg, dict):  # unpatched: an untyped extra key
+                    return automodel_cfg.get("distributed_timeout_minutes", "<dropped>")
+                return automodel_cfg.distributed_timeout_minutes
 
             results[label][repr(value)] = _outcome(validate)
     return results

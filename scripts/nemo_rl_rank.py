@@ -2,13 +2,16 @@
 
 Runs in NeMo RL's environment (its source on ``sys.path``, this project not installed), under
 ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` as a launcher sets them. Writes
-``rank<N>.json``. Two modes:
+``rank<N>.json``. Three modes:
 
 * ``groups``: set-up, then the worker's replica group made as the worker makes it after set-up
   (``DTensorPolicyWorkerV2Impl._get_replica_group``, NeMo RL's own method), then EVERY process
   group torch holds (``distributed_c10d._world.pg_map``): its description, ranks, each device's
   backend and timeout as that backend reports it, how many distinct backend objects it has, and
   whether an all-reduce of a CPU tensor on it succeeds.
+* ``pretrained``: set-up, then the weight download of Automodel's ``from_pretrained`` at the pin
+  (``_download_model_weights``), whose ``FirstRankPerNode`` makes a Gloo group while rank 0 loads; each
+  group is read the moment the real code makes it. Only the download (the network) is a sleep.
 * ``save`` (NVIDIA-NeMo/RL#3624, scaled down): torch's default timeout is scaled by ``--scale``
   (30 min becomes ``30 * scale`` minutes), then set-up, then Automodel's own
   ``consolidate_safetensors_files_on_every_rank`` at the pin, whose last step is ``dist.barrier()``
@@ -97,14 +100,18 @@ def _runtime_config(setup: Any, cpu_offload: bool) -> Any:
     return setup.RuntimeConfig(**values)
 
 
+def _timeouts(group: Any) -> dict[str, float]:
+    """Each backend's timeout in minutes, as the backend reports it."""
+    return {d.type: group._get_backend(d).options._timeout.total_seconds() / 60 for d in group._device_types}
+
+
 def _read(group: Any) -> dict[str, Any]:
     """One group as its backends report it, and a CPU all-reduce on it."""
     config = dist.get_backend_config(group)
-    timeouts, objects = {}, {}
-    for device in group._device_types:
-        backend = group._get_backend(device)
-        timeouts[device.type] = backend.options._timeout.total_seconds() / 60
-        objects[device.type] = id(backend)
+    timeouts = _timeouts(group)
+    # Held while their ids are taken: pybind11 gives one C++ backend one Python object only while it lives
+    backends = {d.type: group._get_backend(d) for d in group._device_types}
+    objects = {device: id(backend) for device, backend in backends.items()}
     tensor = torch.ones(1)
     dist.all_reduce(tensor, group=group)
     return {
@@ -140,6 +147,37 @@ def _groups_mode(setup: Any, args: argparse.Namespace, report: dict[str, Any]) -
     report["sizes"] = {"dp": context.dp_size, "tp": context.tp_size, "cp": context.cp_size}
 
 
+def _pretrained_mode(setup: Any, args: argparse.Namespace, report: dict[str, Any]) -> None:
+    """Set-up, then the weight download of Automodel's ``from_pretrained`` (``_download_model_weights``).
+
+    Its ``FirstRankPerNode`` makes a Gloo group (``_barrier_with_timeout``) while rank 0 downloads; the real
+    function makes it, and each group is read the moment it is made. The download itself (the network) is
+    a sleep of ``--save-seconds`` on rank 0; the other ranks then read their cache (no sleep).
+    """
+    from nemo_automodel._transformers import model_init
+    from nemo_automodel.components.distributed import utils as dist_utils
+
+    setup.setup_distributed(_config(args.minutes, args.cpu_offload, args.tp), _runtime_config(setup, args.cpu_offload))
+    made: list[dict[str, Any]] = []
+    real_create = dist_utils._create_gloo_group
+
+    def create_gloo_group() -> Any:
+        group = real_create()
+        at_s = round(time.monotonic() - start, 2)
+        made.append({"desc": group.group_desc, "timeout_min": _timeouts(group), "at_s": at_s})
+        return group
+
+    def download(name: str, **kwargs: Any) -> None:
+        time.sleep(args.save_seconds if dist.get_rank() == 0 else 0)
+
+    dist_utils._create_gloo_group = create_gloo_group
+    model_init.snapshot_download = download
+    start = time.monotonic()
+    model_init._download_model_weights(None, "nvidia/stand-in-model")
+    report["made in from_pretrained"] = made
+    report["download_seconds"] = round(time.monotonic() - start, 2)
+
+
 def _save_mode(setup: Any, args: argparse.Namespace, report: dict[str, Any]) -> None:
     from nemo_automodel.components.checkpoint._backports import consolidate_hf_safetensors as consolidate
 
@@ -167,7 +205,7 @@ def _save_mode(setup: Any, args: argparse.Namespace, report: dict[str, Any]) -> 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mode", choices=("groups", "save"), default="groups")
+    parser.add_argument("--mode", choices=("groups", "save", "pretrained"), default="groups")
     parser.add_argument("--minutes", type=lambda v: None if v == "null" else float(v), default=45.0)
     parser.add_argument("--cpu-offload", action="store_true")
     parser.add_argument("--tp", type=int, default=2)
@@ -184,13 +222,16 @@ def main() -> int:
         if args.mode == "groups":
             _groups_mode(setup, args, report)
             dist.barrier()
+        elif args.mode == "pretrained":
+            _pretrained_mode(setup, args, report)
+            dist.barrier()
         else:
             _save_mode(setup, args, report)
     except Exception as e:  # reported, so the driver names the rank and what failed
         report["error"] = f"{type(e).__name__}: {e}"
         report["traceback"] = traceback.format_exc()
     (args.out / f"rank{rank}.json").write_text(json.dumps(report, indent=1))
-    if dist.is_initialized() and args.mode == "groups" and "error" not in report:
+    if dist.is_initialized() and args.mode != "save" and "error" not in report:
         dist.destroy_process_group()
     return 1 if "error" in report else 0
 

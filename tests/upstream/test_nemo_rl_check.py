@@ -32,26 +32,38 @@ def _lane(tests: dict[str, tuple[str, str]]) -> dict[str, Any]:
     return {"tests": {t: {"outcome": o, "message": m} for t, (o, m) in tests.items()}}
 
 
+GPU = f"{SETUP}::test_timeout_on_one_gpu[OFF]"
+GUARD = f"{SETUP}::test_timeout_reaches[null-keeps-gloo-default]"
+GPU_SKIPPED = ("skipped", "needs 1 GPU for cuda:nccl,cpu:gloo, found 0")
+
+
 def _results() -> dict[str, Any]:
-    """NeMo RL's lanes as a run that holds writes them: 5 new tests, each failing at an assertion unpatched."""
+    """NeMo RL's lanes as a run that holds writes them: 5 new tests that fail unpatched, a guard, a GPU test."""
     old = {f"{SETUP}::test_old_{i}": ("passed", "") for i in range(3)}
     new = {f"{SETUP}::test_timeout_{i}": ("passed", "") for i in range(5)}
-    failing = {t: ("failed", "AssertionError: expected call not found.") for t in new}
+    new_in_lane = {**new, GUARD: ("passed", ""), GPU: GPU_SKIPPED}
+    tests_only = {t: ("failed", "AssertionError: assert 30.0 == 45") for t in new}
+    tests_only.update({GUARD: ("passed", ""), GPU: GPU_SKIPPED})
     results = {}
     for lane, trees, _ in check.LANES:
         for tree in trees:
-            if lane.startswith("new"):
-                tests = failing if tree == "tests-only" else new if lane == "new set-up tests" else {}
+            if tree == "tests-only":
+                tests = tests_only if lane == "new set-up tests" else {}
             else:
-                tests = {**old, **new} if tree == "patched" and lane == "automodel lane" else old
+                tests = {**old, **new_in_lane} if tree == "patched" and lane == "automodel lane" else old
             results[f"{tree}: {lane}"] = _lane(tests)
     return results
+
+
+def _set(results: dict[str, Any], lane: str, test: str, outcome: str, message: str = "") -> None:
+    results[lane]["tests"][test] = {"outcome": outcome, "message": message}
 
 
 def test_a_run_that_holds_has_no_problem() -> None:
     verdict, problems = check.tests_verdict(_results())
     assert problems == []
-    assert verdict["count"] == 5
+    assert verdict["count"] == 7
+    assert verdict["tests"][GPU] == {"patched": "skipped", "tests-only": "skipped", "message": GPU_SKIPPED[1]}
 
 
 @pytest.mark.parametrize(
@@ -59,35 +71,68 @@ def test_a_run_that_holds_has_no_problem() -> None:
     [
         ("passed", ""),
         ("error", "ImportError: cannot import name 'AutomodelConfig'"),
-        ("failed", "AttributeError: module has no attribute 'set_process_group_timeouts'"),
-        ("failed", "TypeError: setup_distributed() got an unexpected keyword argument 'config_section'"),
+        ("failed", "AttributeError: 'dict' object has no attribute 'distributed_timeout_minutes'"),
+        ("not collected", ""),
     ],
 )
 def test_a_new_test_must_fail_unpatched_at_its_assertion(outcome: str, message: str) -> None:
     results = _results()
-    results["tests-only: new set-up tests"]["tests"][f"{SETUP}::test_timeout_0"] = {
-        "outcome": outcome,
-        "message": message,
-    }
+    if outcome == "not collected":
+        del results["tests-only: new set-up tests"]["tests"][f"{SETUP}::test_timeout_0"]
+    else:
+        _set(results, "tests-only: new set-up tests", f"{SETUP}::test_timeout_0", outcome, message)
     _, problems = check.tests_verdict(results)
     assert [p for p in problems if "test_timeout_0 on unpatched NeMo RL" in p], problems
 
 
-def test_a_test_that_passed_unpatched_must_pass_patched() -> None:
+def test_a_test_that_passed_unpatched_must_pass_patched_in_the_same_one_process_lane() -> None:
     results = _results()
-    results["patched: setup file"]["tests"][f"{SETUP}::test_old_1"]["outcome"] = "failed"
+    _set(results, "patched: automodel lane", f"{SETUP}::test_old_1", "failed", "ValueError: default group twice")
     _, problems = check.tests_verdict(results)
-    assert any("pass unpatched but not patched" in p and "test_old_1" in p for p in problems), problems
+    assert problems == [f"automodel lane: 1 tests pass unpatched but not patched: ['{SETUP}::test_old_1']"]
 
 
-def test_new_tests_must_be_in_the_automodel_lane_and_five() -> None:
+def test_a_new_test_must_pass_in_its_one_process_lane() -> None:
     results = _results()
-    del results["patched: automodel lane"]["tests"][f"{SETUP}::test_timeout_4"]
-    for tree in ("tests-only", "patched"):
-        del results[f"{tree}: new set-up tests"]["tests"][f"{SETUP}::test_timeout_3"]
+    message = "ValueError: trying to initialize the default process group twice!"
+    _set(results, "patched: automodel lane", f"{SETUP}::test_timeout_2", "failed", message)
     _, problems = check.tests_verdict(results)
-    assert any("not collected by --automodel-only" in p for p in problems), problems
-    assert any("4 new tests, need at least 5" in p for p in problems), problems
+    assert problems == [f"new test {SETUP}::test_timeout_2: failed in the automodel lane ({message})"]
+
+
+def test_a_guard_must_pass_unpatched_and_the_gpu_test_must_skip_with_its_reason() -> None:
+    results = _results()
+    _set(results, "tests-only: new set-up tests", GUARD, "failed", "AssertionError")
+    _, problems = check.tests_verdict(results)
+    assert problems == [f"guard {GUARD} on unpatched NeMo RL: failed (AssertionError)"]
+    for outcome, message in (("passed", ""), ("skipped", "no reason")):
+        results = _results()
+        _set(results, "patched: automodel lane", GPU, outcome, message)
+        _, problems = check.tests_verdict(results)
+        assert problems == [f"GPU test {GPU}: {outcome} ({message}), expected a skip"]
+
+
+def test_there_must_be_a_gpu_test_and_five_new_tests() -> None:
+    results = _results()
+    for lane in ("patched: automodel lane", "tests-only: new set-up tests"):
+        del results[lane]["tests"][GPU]
+        for i in (3, 4):
+            del results[lane]["tests"][f"{SETUP}::test_timeout_{i}"]
+    _, problems = check.tests_verdict(results)
+    assert problems == ["no one-GPU test among the new tests", "4 new tests, need at least 5"]
+
+
+def test_pretrained_verdict_needs_the_value_when_each_group_is_made() -> None:
+    def ranks(minutes: float) -> list[dict[str, Any]]:
+        made = [{"desc": "undefined", "timeout_min": {"cpu": minutes, "cuda": minutes}, "at_s": 5.0}]
+        return [{"rank": r, "made in from_pretrained": made} for r in range(4)]
+
+    assert check.pretrained_verdict("p", "patched", ranks(45.0), 45.0) == []
+    assert check.pretrained_verdict("u", "unpatched", ranks(30.0), 45.0) == []
+    assert len(check.pretrained_verdict("p", "patched", ranks(30.0), 45.0)) == 4
+    assert len(check.pretrained_verdict("u", "unpatched", ranks(45.0), 45.0)) == 4
+    no_group = [{"rank": 0, "made in from_pretrained": []}]
+    assert check.pretrained_verdict("p", "patched", no_group, 45.0) == ["p: rank 0 made no group in from_pretrained"]
 
 
 def _ranks(minutes: float, offload: bool) -> dict[str, Any]:
@@ -159,7 +204,7 @@ def test_save_verdict() -> None:
     assert check.save_verdict("knob", True, [*completed[:3], {"rank": 3, "error": "no report (timed out?)"}])
 
 
-def _driver(refused: str = "refused: ValidationError: {key} | Value error, must be ...") -> dict[str, Any]:
+def _driver(refused: str = "refused: ValidationError: {key} | Input should be greater than 0 ...") -> dict[str, Any]:
     outcomes = {}
     for label, section in (("grpo policy", "policy"), ("distillation teacher", "teacher"), ("ppo value", "value")):
         key = f"{section}.automodel_cfg.distributed_timeout_minutes"
@@ -168,7 +213,7 @@ def _driver(refused: str = "refused: ValidationError: {key} | Value error, must 
     policy = {
         "v1 DTensor worker, 45": "refused: ValueError: policy.automodel_cfg.distributed_timeout_minutes is 45, ...",
         "Megatron, 45": "refused: ValueError: policy.automodel_cfg.distributed_timeout_minutes is 45, ...",
-        "env.reward_model, true": "refused: ValueError: env.reward_model.automodel_cfg.distributed_timeout_minutes ...",
+        "env.reward_model, true": "refused: ValidationError: distributed_timeout_minutes | Input should be a valid ...",
     }
     return {"master_config": outcomes, "policy": policy}
 
@@ -179,7 +224,10 @@ def test_driver_verdict() -> None:
     coerced["master_config"]["distillation teacher"]["True"] = "accepted: 1.0"
     assert check.driver_verdict(coerced) == ["MasterConfig, distillation teacher, True: accepted: 1.0"]
     wrong_section = _driver("refused: ValidationError: policy.automodel_cfg.distributed_timeout_minutes | ...")
-    assert len(check.driver_verdict(wrong_section)) == 12  # teacher and value name the wrong section
+    assert len(check.driver_verdict(wrong_section)) == 14  # teacher and value name the wrong section (7 values each)
+    overflow = _driver()
+    overflow["master_config"]["grpo policy"]["1e+308"] = "accepted: 1e+308"
+    assert check.driver_verdict(overflow) == ["MasterConfig, grpo policy, 1e+308: accepted: 1e+308"]
     ignored = _driver()
     ignored["policy"]["Megatron, 45"] = "accepted: 'Policy'"
     assert check.driver_verdict(ignored) == ["Policy, Megatron, 45: accepted: 'Policy'"]
