@@ -75,8 +75,6 @@ def _master_config(configs: Path) -> dict[str, dict[str, str]]:
 
 
 def _policy(configs: Path) -> dict[str, str]:
-    import inspect
-
     from nemo_rl.models.policy.lm_policy import Policy
     from nemo_rl.utils.config import load_config_with_inheritance, register_omegaconf_resolvers
     from omegaconf import OmegaConf
@@ -86,7 +84,6 @@ def _policy(configs: Path) -> dict[str, str]:
     os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0")  # Policy requires it for Megatron
     model_dir = Path(tempfile.mkdtemp(prefix="nrl-driver-"))
     LlamaConfig(num_hidden_layers=1, hidden_size=64).save_pretrained(model_dir)  # no download
-    takes_section = "config_section" in inspect.signature(Policy.__init__).parameters
     grpo = OmegaConf.to_container(load_config_with_inheritance(str(configs / "grpo_math_1B.yaml")), resolve=True)
     reward = OmegaConf.to_container(load_config_with_inheritance(str(configs / "grpo_rm_1B.yaml")), resolve=True)
     policy = {**grpo["policy"], "model_name": str(model_dir), "automodel_cfg": {"distributed_timeout_minutes": 45}}
@@ -104,9 +101,9 @@ def _policy(configs: Path) -> dict[str, str]:
     reward_model["automodel_cfg"] = {"distributed_timeout_minutes": True}
     reward_model.setdefault("generation", None)
     cases = {
-        "v1 DTensor worker, 45": (v1, {}),
-        "Megatron, 45": (megatron, {}),
-        "env.reward_model, true": (reward_model, {"config_section": "env.reward_model"} if takes_section else {}),
+        "v1 DTensor worker, 45": v1,
+        "Megatron, 45": megatron,
+        "env.reward_model, true": reward_model,
     }
     cluster = MagicMock()
     cluster.world_size.return_value = 1
@@ -116,13 +113,10 @@ def _policy(configs: Path) -> dict[str, str]:
         patch("nemo_rl.models.policy.lm_policy.RayWorkerGroup"),
         patch("nemo_rl.models.policy.lm_policy.RayQueue"),
     ):
-        for label, (config, kwargs) in cases.items():
+        for label, config in cases.items():
             results[label] = _outcome(
-                lambda config=config, kwargs=kwargs: (
-                    type(Policy(cluster=cluster, config=config, tokenizer=MagicMock(), **kwargs)).__name__
-                )
+                lambda config=config: type(Policy(cluster=cluster, config=config, tokenizer=MagicMock())).__name__
             )
-    results["Policy takes config_section"] = str(takes_section)
     return results
 
 
