@@ -13,6 +13,7 @@ Fixture releases (a fixed 0.7.0, see :mod:`tests.harness.fixture_wheels`) are na
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -83,14 +84,39 @@ def release_wheel(version: str) -> Path:
 
 
 def extract_sources(wheel: Path, target: Path) -> Path:
-    """Unpack the modules the tests import from ``wheel`` into ``target`` (once; marked complete)."""
+    """Unpack the modules the tests import from ``wheel`` into ``target``, once.
+
+    Several suites on one machine share the cache and may unpack the same wheel at the same time (two
+    unpacking into one folder race in ``os.makedirs``), so each unpacks into a private folder, marks it
+    complete and renames it into place: ``target`` only ever appears whole. The process that loses the
+    rename finds the winner's folder, complete, and drops its own. A folder left incomplete by an older,
+    in-place unpacking is replaced.
+    """
     if (target / ".complete").exists():
         return target
-    with zipfile.ZipFile(wheel) as archive:
-        members = [n for n in archive.namelist() if n.endswith(".py") and n.startswith(_KEEP)]
-        archive.extractall(target, members=members)
-    (target / ".complete").write_text(wheel.name + "\n")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    private = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            members = [n for n in archive.namelist() if n.endswith(".py") and n.startswith(_KEEP)]
+            archive.extractall(private, members=members)
+        (private / ".complete").write_text(wheel.name + "\n")
+        _rename_into_place(private, target)
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
     return target
+
+
+def _rename_into_place(private: Path, target: Path) -> None:
+    for _ in range(2):
+        try:
+            os.rename(private, target)
+            return
+        except OSError:
+            if (target / ".complete").exists():  # another process put its complete copy there first
+                return
+            shutil.rmtree(target, ignore_errors=True)  # an incomplete folder of the older, in-place unpacking
+    raise OSError(f"could not put the sources of a release at {target}")
 
 
 def release_dir(version: str) -> Path:
