@@ -45,6 +45,8 @@ STUCK_S = 120
 CIRCLE = {"g1": [0, 1, 2, 3], "g2": [2, 3, 4, 5], "g3": [4, 5, 0, 1]}
 _FIRST = {0: "g1", 1: "g1", 2: "g2", 3: "g2", 4: "g3", 5: "g3"}
 _MEET_S = 60
+#: Each circular group's timeout while it connects and warms up (then the scenario's own, 3 s).
+_CONNECT_S = 120
 _CHUNK = b"\0" * (1 << 20)
 _SHARD_CHUNKS = 8
 
@@ -101,11 +103,19 @@ def _slow_rank(kind: str, rank: int, dump_dir: str) -> None:
 
 
 def _circular(rank: int, timeout: datetime.timedelta) -> None:
-    """Make the three groups (every rank, one order), use each once, then each pair of ranks in its own order."""
-    groups = {name: dist.new_group(members, timeout=timeout) for name, members in CIRCLE.items()}
+    """Make the three groups (every rank, one order), use each once, then each pair of ranks in its own order.
+
+    The groups connect and warm up at :data:`_CONNECT_S`, and take the scenario's short ``timeout`` only then: at a
+    load of 40 on 2 cores a member reached a warm-up more than 3 s after its peers, and the rank failed before the
+    circular wait began.
+    """
+    connect = datetime.timedelta(seconds=_CONNECT_S)
+    groups = {name: dist.new_group(members, timeout=connect) for name, members in CIRCLE.items()}
+    setter = getattr(dist, "set_timeout", None) or dist.distributed_c10d._set_pg_timeout  # set_timeout: torch 2.15
     for name, members in CIRCLE.items():
         if rank in members:
             dist.all_reduce(torch.ones(2), group=groups[name])  # the warm-up: every member once
+            setter(timeout, groups[name])
     first = _FIRST[rank]
     then = next(name for name, members in CIRCLE.items() if rank in members and name != first)
     with flight_recorder.dump_on_timeout("exchange"):

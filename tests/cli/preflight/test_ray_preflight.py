@@ -15,6 +15,7 @@ the command itself enforces (``--timeout-s``).
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -101,9 +102,10 @@ def test_a_stalled_actor_is_named_in_one_line_within_the_bound(scenarios, record
     stacks = "\n".join(f"rank {rank}: {r.get('stack')}" for rank, r in stuck.items())
     found = re.fullmatch(expected, line)
     assert found, f"{line}\nwhere each rank was:\n{stacks}\nthe run's stderr:\n{run['stderr']}"
-    # Each rank has been in its phase since its set-up ended, which fell inside the run's bound.
+    # Each rank has been in its phase since its set-up ended, inside the run: at most the run's wall time (the
+    # bound, and the moments the report took to be read after it: 302 s at a load of 41 on 2 cores).
     waited, stalled = (int(found[i]) for i in (1, 2))
-    assert 0 <= waited <= STALL_TIMEOUT_S and 0 <= stalled <= STALL_TIMEOUT_S, line
+    assert 0 <= waited <= math.ceil(run["wall_s"]) and 0 <= stalled <= math.ceil(run["wall_s"]), (line, run["wall_s"])
     assert round(stuck[0]["phase_s"]) == waited and round(stuck[1]["phase_s"]) == stalled, stacks
     # Where: rank 1 in the fault injection's sleep, rank 0 inside its all_reduce (innermost frames, innermost last).
     assert re.fullmatch(r"nemo_rl_shim/cli/preflight/rank_checks\.py:\d+ in check_rank", stuck[1]["stack"][-1]), stacks
