@@ -121,9 +121,11 @@ def main(argv: list[str]) -> int:
         if facts is not None and due is not None and now >= due:
             tid = facts.get("tid") if isinstance(facts.get("tid"), int) else None
             line = {"format": FORMAT, "pid": pid, "tid": tid, "entered_ns": facts.get("entered_ns"), "sample": taken}
+            sample = counters(pid, tid)
             with contextlib.suppress(OSError):  # a help to the report: an unwritable folder stops nothing
-                _write(progress_file, {**line, **counters(pid, tid)}, first=taken == 0)
-            taken, last_ns = taken + 1, now
+                _write(progress_file, {**line, **sample}, first=taken == 0)
+            # The next is due an interval after this one's own time: under load the reading itself can be late
+            taken, last_ns = taken + 1, max(now, sample["t_ns"])
             continue
         wait = POLL_S if due is None else min(POLL_S, max(0.0, (due - now) / 1e9))
         time.sleep(wait)
