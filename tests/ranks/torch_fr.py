@@ -169,14 +169,20 @@ def _crossed(params: dict[str, Any]) -> dict[str, Any]:
     """Every rank waits inside a collective, and no rank is idle: two groups of all four ranks, ``a`` and ``b``; the
     even ranks all_reduce on ``a`` then on ``b``, the odd ranks on ``b`` then on ``a``. Each waits for the other half
     in its first, times out, goes on to its second, and waits there again: every group ends with every rank at #1,
-    each collective timed out (Gloo retires it, and counts it completed in ``pg_status``, as one that finished)."""
-    rank = dist.get_rank()
+    each collective timed out (Gloo retires it, and counts it completed in ``pg_status``, as one that finished).
+
+    Between the two, every rank waits on the store until all four are out of their first: the ranks' timeouts end
+    apart (CI saw it), and the half that left first would otherwise find the other half still waiting in the same
+    group, and the second all_reduce would complete there."""
+    rank, world = dist.get_rank(), dist.get_world_size()
     a, b = _new_group([0, 1, 2, 3], params, "a"), _new_group([0, 1, 2, 3], params, "b")
     first, second = (a, b) if rank % 2 == 0 else (b, a)
-    return {
-        "first": _try(lambda: dist.all_reduce(torch.ones(4), group=first)),
-        "second": _try(lambda: dist.all_reduce(torch.ones(4), group=second)),
-    }
+    out = {"first": _try(lambda: dist.all_reduce(torch.ones(4), group=first))}
+    store = dist.distributed_c10d._get_default_store()
+    store.set(f"crossed_out_{rank}", "1")
+    store.wait([f"crossed_out_{r}" for r in range(world)], datetime.timedelta(seconds=_MEET_S))
+    out["second"] = _try(lambda: dist.all_reduce(torch.ones(4), group=second))
+    return out
 
 
 SCENARIOS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
