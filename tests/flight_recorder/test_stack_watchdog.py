@@ -226,26 +226,37 @@ INTERVAL_S = 0.3
 COUNTER_WAIT_S = 30
 
 
+def _counter_lines(path: Path, rank: int) -> list[dict]:
+    """The helper's lines written so far for the block in ``path``'s header (whole lines only)."""
+    progress = stack_watchdog.progress_path(path.parent, rank)
+    text = progress.read_text() if progress.exists() else ""
+    return [json.loads(line) for line in text.splitlines(keepends=True) if line.endswith("\n")]
+
+
 def _counters(path: Path, rank: int, count: int) -> list[dict]:
     """The helper's lines for the block in ``path``'s header, once ``count`` are written (it runs on its own)."""
-    progress = stack_watchdog.progress_path(path.parent, rank)
     end = time.monotonic() + COUNTER_WAIT_S
     lines: list[dict] = []
     while time.monotonic() < end:
-        if progress.exists():
-            lines = [json.loads(line) for line in progress.read_text().splitlines()]
+        lines = _counter_lines(path, rank)
         if len(lines) >= count:
             return lines
         time.sleep(0.05)
+    progress = stack_watchdog.progress_path(path.parent, rank)
     raise AssertionError(f"{len(lines)} counter samples in {progress} after {COUNTER_WAIT_S} s, wanted {count}")
 
 
 def test_a_block_that_stays_is_sampled_three_times_with_counters_from_the_helper(path: Path) -> None:
     token = arm(path, 5, "checkpoint save", SHORT_S, interval_s=INTERVAL_S)
     end = time.monotonic() + COUNTER_WAIT_S
+    # The loop that writes the checkpoint, until the sampler and the helper wrote all: the helper reads its
+    # counters on its own clock, and once lagged past the sampler's last (load 60), after a loop that stopped there.
     with open(path.with_name("shard.bin"), "wb") as shard:
-        while time.monotonic() < end and len(read_stack(path, 5).samples) < stack_watchdog.SAMPLES:
-            shard.write(b"\0" * 65536)  # the loop that writes the checkpoint, until the sampler wrote all
+        while time.monotonic() < end and (
+            len(read_stack(path, 5).samples) < stack_watchdog.SAMPLES
+            or len(_counter_lines(path, 5)) < stack_watchdog.SAMPLES
+        ):
+            shard.write(b"\0" * 65536)
             shard.seek(0)
     lines = _counters(path, 5, stack_watchdog.SAMPLES)
     stack = read_stack(path, 5)
@@ -255,7 +266,7 @@ def test_a_block_that_stays_is_sampled_three_times_with_counters_from_the_helper
     assert all(b - a >= INTERVAL_S * 0.9e9 for a, b in itertools.pairwise(times)), times
     here = "test_a_block_that_stays_is_sampled_three_times_with_counters_from_the_helper"
     assert all(here in {f.function for f in s.frames} for s in stack.samples), "each sample is the watched thread's"
-    assert [line["sample"] for line in lines] == [0, 1, 2]
+    assert [line["sample"] for line in lines] == [0, 1, 2], lines
     taken = [line["t_ns"] for line in lines]
     assert all(b - a >= INTERVAL_S * 0.9e9 for a, b in itertools.pairwise(taken)), "the helper's apart too"
     assert {line["entered_ns"] for line in lines} == {stack.entered_ns}, "the helper's lines name the header's block"

@@ -2,7 +2,8 @@
 asleep, and a circular wait across three groups, on real Gloo ranks with the recorder on.
 
 Every rank goes through the real ``setup_distributed`` with ``automodel_cfg.flight_recorder`` on (start-up
-timeout 0.2 min, then 0.05 min, 3 s, once ``after_first_step`` has run after a first step that all-reduces).
+timeout as the test gives it, 1 min; then 0.05 min, 3 s, once ``after_first_step`` has run after a first step that
+all-reduces).
 
 * ``still_writing`` (4 ranks): every rank enters ``dump_on_timeout("checkpoint save")``; rank 3 writes its shard
   there (a loop over 1 MB writes, overwriting one 8 MB file, until it is killed), the others wait in a barrier,
@@ -15,7 +16,7 @@ timeout 0.2 min, then 0.05 min, 3 s, once ``after_first_step`` has run after a f
   in: each waits on ranks that wait in the next group, and every rank times out.
 
 The stuck rank of the first two stays (:data:`STUCK_S`) until the test kills it. The ranks that return meet through
-the default store, so that rank 0, which serves it, leaves last.
+the default store: each stays until all are out of the scenario, and rank 0, which serves it, leaves last.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import torch.distributed as dist
 from nemo_rl_shim.flight_recorder import recorder as flight_recorder
 from nemo_rl_shim.setup.distributed import RuntimeConfig, setup_distributed
 from nemo_rl_shim.timeouts import after_first_step
+from tests.ranks.meet import rank_0_leaves_last
 
 __all__ = ["CIRCLE", "SLOW", "STUCK_S", "WORLDS", "line_of", "run_world"]
 
@@ -84,11 +86,15 @@ def line_of(mark: str) -> int:
 
 
 def _meet(expected: int) -> None:
+    """Every rank that returns waits until all ``expected`` are out of the scenario, then rank 0 leaves last: a rank
+    that left at once closed its connections while a peer still waited on it, which then read "Connection closed by
+    peer" instead of its own timeout (the circular world, two suites on 2 cores)."""
     store = dist.distributed_c10d._get_default_store()
     store.add("done", 1)
     end = time.monotonic() + _MEET_S
-    while dist.get_rank() == 0 and int(store.add("done", 0)) < expected and time.monotonic() < end:
+    while int(store.add("done", 0)) < expected and time.monotonic() < end:
         time.sleep(0.05)
+    rank_0_leaves_last("left", _MEET_S, expected=expected, store=store)
 
 
 def _slow_rank(kind: str, rank: int, dump_dir: str) -> None:

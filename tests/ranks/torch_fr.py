@@ -171,17 +171,23 @@ def _crossed(params: dict[str, Any]) -> dict[str, Any]:
     in its first, times out, goes on to its second, and waits there again: every group ends with every rank at #1,
     each collective timed out (Gloo retires it, and counts it completed in ``pg_status``, as one that finished).
 
-    Between the two, every rank waits on the store until all four are out of their first: the ranks' timeouts end
-    apart (CI saw it), and the half that left first would otherwise find the other half still waiting in the same
-    group, and the second all_reduce would complete there."""
+    After each, every rank waits on the store until all four are out of it: the ranks' timeouts end apart (CI saw
+    it), and the half that left its first early would otherwise find the other half still waiting in the same group,
+    and the second all_reduce would complete there; a rank that left its second early and ended would close the
+    connections its peers still waited on."""
     rank, world = dist.get_rank(), dist.get_world_size()
+    store = dist.distributed_c10d._get_default_store()
+
+    def all_out(what: str) -> None:
+        store.set(f"crossed_{what}_{rank}", "1")
+        store.wait([f"crossed_{what}_{r}" for r in range(world)], datetime.timedelta(seconds=_MEET_S))
+
     a, b = _new_group([0, 1, 2, 3], params, "a"), _new_group([0, 1, 2, 3], params, "b")
     first, second = (a, b) if rank % 2 == 0 else (b, a)
     out = {"first": _try(lambda: dist.all_reduce(torch.ones(4), group=first))}
-    store = dist.distributed_c10d._get_default_store()
-    store.set(f"crossed_out_{rank}", "1")
-    store.wait([f"crossed_out_{r}" for r in range(world)], datetime.timedelta(seconds=_MEET_S))
+    all_out("first")
     out["second"] = _try(lambda: dist.all_reduce(torch.ones(4), group=second))
+    all_out("second")
     return out
 
 

@@ -35,7 +35,9 @@ from tests.ranks.hang_progress import SLOW, WORLDS, line_of
 
 pytestmark = [pytest.mark.multiprocess]
 
-STARTUP_MIN, STEADY_MIN = 0.2, 0.05
+#: Start-up at 1 min, as in test_hang_kinds.py: at 0.2 min a rank's groups did not connect beside another suite
+#: (load 60); the scenario runs at the steady value.
+STARTUP_MIN, STEADY_MIN = 1.0, 0.05
 SPAWN_TIMEOUT_S = 240
 #: How long the test waits for the slow rank's samples (written STEADY + STACK_GRACE_S + 2 s into its block).
 SAMPLES_WAIT_S = 150
@@ -125,11 +127,17 @@ def test_the_worlds_ran_as_intended(worlds) -> None:
     for kind in SLOW_KINDS:
         assert worlds[kind]["while_slow"]["alive"], f"{kind}: rank {SLOW} was not alive while the report was read"
         assert worlds[kind]["results"][SLOW].returncode == -signal.SIGKILL, worlds[kind]["results"][SLOW]
-        for rank in range(SLOW):
-            result = _result(worlds[kind], rank)
-            assert "Timed out" in result["error"] and result["timeout_s"] == STEADY_MIN * 60, result
-    for rank in range(WORLDS["circular"]):
-        assert "Timed out" in _result(worlds["circular"], rank)["error"], rank
+        results = [_result(worlds[kind], rank) for rank in range(SLOW)]
+        assert {result["timeout_s"] for result in results} == {STEADY_MIN * 60}, results
+        _raised_by_timeouts([result["error"] for result in results])
+    _raised_by_timeouts([_result(worlds["circular"], rank)["error"] for rank in range(WORLDS["circular"])])
+
+
+def _raised_by_timeouts(errors: list[str]) -> None:
+    """Each rank raised: its own timeout, or a closed connection where a member of its group timed out first (Gloo
+    closes a timed-out rank's pairs; seen in the circle with two suites on 2 cores); and some rank timed out."""
+    assert all("Timed out" in error or "Connection closed by peer" in error for error in errors), errors
+    assert any("Timed out" in error for error in errors), errors
 
 
 def test_a_rank_still_writing_when_the_timeout_fired_reads_still_working(worlds) -> None:
