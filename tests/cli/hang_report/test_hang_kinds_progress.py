@@ -38,9 +38,11 @@ pytestmark = [pytest.mark.multiprocess]
 #: Start-up at 1 min, as in test_hang_kinds.py: at 0.2 min a rank's groups did not connect beside another suite
 #: (load 60); the scenario runs at the steady value.
 STARTUP_MIN, STEADY_MIN = 1.0, 0.05
-SPAWN_TIMEOUT_S = 240
-#: How long the test waits for the slow rank's samples (written STEADY + STACK_GRACE_S + 2 s into its block).
-SAMPLES_WAIT_S = 150
+SPAWN_TIMEOUT_S = 480
+#: How long the test waits for the slow rank's samples (written STEADY + STACK_GRACE_S + 2 s into its block), counted
+#: from the spawn: as long as the ranks' own bound (test_hang_kinds.py's ranks took more than 150 s to set up beside
+#: another suite).
+SAMPLES_WAIT_S = SPAWN_TIMEOUT_S
 CPU_ONLY = {"CUDA_VISIBLE_DEVICES": ""}
 RANKS_FILE = hang_progress.__file__
 SLOW_KINDS = ("still_writing", "asleep")
