@@ -26,6 +26,8 @@ from typing import Any
 __all__ = ["NAME", "rank", "register"]
 
 NAME = "hookedgloo"
+#: How long the ranks may take to connect (the default group, and the hooked group before its own short timeout).
+CONNECT_S = 120
 
 
 def _classes() -> tuple[type, type]:
@@ -51,7 +53,10 @@ def _classes() -> tuple[type, type]:
 
         def __init__(self, store: Any, rank: int, size: int, timeout: datetime.timedelta) -> None:
             super().__init__(rank, size)
-            self.inner = dist.ProcessGroupGloo(store, rank, size, timeout)
+            # connected at CONNECT_S, then the group's own timeout: with two suites on 2 cores, 3 s was too short
+            # for the ranks to connect at all
+            self.inner = dist.ProcessGroupGloo(store, rank, size, max(timeout, datetime.timedelta(seconds=CONNECT_S)))
+            self.inner._set_default_timeout(timeout)
 
         def getBackendName(self) -> str:  # the C++ method the hook asks, by its C++ name
             return NAME
@@ -92,7 +97,7 @@ def rank(params: dict[str, Any]) -> dict[str, Any]:
         FlightRecorderSettings(dump_dir=Path(params["dump_dir"]), buffer_size=params["buffer_size"])
     )
     register()
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=params["timeout_s"]))
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=CONNECT_S))  # the hooked group's is short
     hooked = dist.new_group(backend=NAME, timeout=datetime.timedelta(seconds=params["timeout_s"]))
     hooks = dist.distributed_c10d._world.pg_flight_recorder_hooks
     tensor = torch.ones(4)
