@@ -15,7 +15,9 @@ and a second suite, six at once left both stalled ranks in ``setup_distributed``
 1. ``passing``: ``preflight --ray 127.0.0.1:PORT --json``: two CPU actors, every group at the timeout;
 2. ``stalled``: the same with rank 1 stalled for an hour (``--stall-rank 1 --stall-s 3600``):
    rank 0 waits in its first collective (45 min) until ``--timeout-s`` of :data:`STALL_TIMEOUT_S`
-   ends the run: one line naming the stalled actor and its phase, exit 1;
+   ends the run: one line naming the stalled actor and its phase, exit 1. Where either actor had not
+   yet reached its phase at that bound (its set-up still running: a loaded machine), the run is made
+   again with :data:`LOADED_STALL_TIMEOUT_S`, and the first try is kept for the test to print;
 3. ``gave_up``: the same stall with a 12 s collective timeout and the Flight Recorder on
    (``--flight-recorder``): rank 0's collective times out and it gives up on its peers, so the
    run ends 10 s later, long before its ``--timeout-s``, naming the stalled actor, and ends
@@ -46,14 +48,20 @@ from typing import Any
 
 from tests.ray_harness.tree import HEAD_DONE
 
-__all__ = ["HEAD_PORT", "PASS_TIMEOUT_S", "STALL_TIMEOUT_S", "main"]
+__all__ = ["HEAD_PORT", "LOADED_STALL_TIMEOUT_S", "PASS_TIMEOUT_S", "STALL_TIMEOUT_S", "main"]
 
 HEAD_PORT = 6379  # the namespace is private: no other process can hold it
 HEAD_ATTEMPTS = 2
-#: The actors' start and set-up fit (set-up ended 17 s into the run here, under the full suite, and the stall is
-#: reported at the bound; CI saw both ranks still in setup_distributed at 90 s once, and at 150 s, its old
-#: value, with six actors setting up at once); the stall (1 h) does not.
-STALL_TIMEOUT_S = 300
+#: The stalled run's bound, which the run always reaches: it sets the suite's critical path (the default lane
+#: took 317 s with 300 here, the Ray tree its last file to end by 90 s). The actors' start and set-up fit in it
+#: when the machine is not overloaded (set-up ended 17 s into the run, under the full suite); the stall (1 h)
+#: does not.
+STALL_TIMEOUT_S = 120
+#: The bound of the second try, made only when an actor's set-up had not ended at :data:`STALL_TIMEOUT_S`:
+#: CI saw both ranks still in setup_distributed at 90 s once, and at 150 s with six actors setting up at once.
+LOADED_STALL_TIMEOUT_S = 300
+#: Where each rank is once both reached their phase: rank 0 in a collective, rank 1 in the fault injection.
+_STALLED_PHASE = "stalling 3600 s after set-up (fault injection)"
 #: The passing run's bound, and the gave-up run's (which must end long before it): ample for two actors
 #: to import, set up and check, under load.
 PASS_TIMEOUT_S = 300
@@ -90,6 +98,25 @@ def _preflight(address: str, record: Path, *extra: str) -> dict[str, Any]:
         outcome["report"] = None
         outcome["json_error"] = str(e)
     return outcome
+
+
+def _both_reached_their_phase(outcome: dict[str, Any]) -> bool:
+    """Whether the stalled run ended with rank 1 in the fault injection and rank 0 past its set-up."""
+    ranks = {r.get("rank"): r for r in (outcome.get("report") or {}).get("ranks", []) if isinstance(r, dict)}
+    waiting = str((ranks.get(0) or {}).get("phase") or "")
+    return (ranks.get(1) or {}).get("phase") == _STALLED_PHASE and waiting.startswith("all_reduce")
+
+
+def _stalled(address: str, temp_dir: str, stall: list[str]) -> dict[str, Any]:
+    """The stalled run at :data:`STALL_TIMEOUT_S`; again at :data:`LOADED_STALL_TIMEOUT_S` where set-up outlasted it."""
+    tries = []
+    for bound in (STALL_TIMEOUT_S, LOADED_STALL_TIMEOUT_S):
+        outcome = _preflight(address, Path(temp_dir, f"stalled-{bound}.json"), *stall, "--timeout-s", str(bound))
+        outcome["bound_s"] = bound
+        tries.append(outcome)
+        if _both_reached_their_phase(outcome):
+            break
+    return {**tries[-1], "earlier_tries": tries[:-1]}
 
 
 def _end_the_others_in_this_namespace() -> int:
@@ -152,7 +179,6 @@ def main(temp_dir: str, out_path: str) -> int:
             fr = ["--timeout-minutes", "0.2", "--flight-recorder", str(Path(temp_dir, "flight-recorder"))]
             runs = {
                 "passing": ["--timeout-s", str(PASS_TIMEOUT_S)],
-                "stalled": [*stall, "--timeout-s", str(STALL_TIMEOUT_S)],
                 "gave_up": [*stall, *fr, "--timeout-s", str(PASS_TIMEOUT_S)],
             }
 
@@ -161,7 +187,7 @@ def main(temp_dir: str, out_path: str) -> int:
 
             with ThreadPoolExecutor(max_workers=2) as pool:
                 queues = [
-                    pool.submit(one_after_the_other, "stalled"),
+                    pool.submit(lambda: {"stalled": _stalled(address, temp_dir, stall)}),
                     pool.submit(one_after_the_other, "passing", "gave_up"),
                 ]
                 for queue in queues:

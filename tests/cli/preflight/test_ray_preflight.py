@@ -25,7 +25,7 @@ from nemo_rl_shim.cli.preflight.rank_checks import SKIPPED
 from nemo_rl_shim.cli.preflight.stuck import FAILURE_GRACE_S
 from tests.harness.skips import unavailable
 from tests.ray_harness import tree as ray_tree
-from tests.ray_harness.scenarios import PASS_TIMEOUT_S, STALL_TIMEOUT_S
+from tests.ray_harness.scenarios import LOADED_STALL_TIMEOUT_S, PASS_TIMEOUT_S, STALL_TIMEOUT_S
 
 __all__: list[str] = []
 
@@ -89,12 +89,21 @@ def _failure_line(run: dict[str, Any]) -> str:
 
 
 def test_a_stalled_actor_is_named_in_one_line_within_the_bound(scenarios, record_property) -> None:
-    """Rank 0 waits in a collective at the 45-minute timeout: ``--timeout-s`` ends the run, naming both phases."""
+    """Rank 0 waits in a collective at the 45-minute timeout: ``--timeout-s`` ends the run, naming both phases.
+
+    The run is made at :data:`STALL_TIMEOUT_S`, and again at :data:`LOADED_STALL_TIMEOUT_S` only where an actor's
+    set-up outlasted the first bound (each try's line is printed); the second bound is the last word.
+    """
     run = scenarios["stalled"]
+    for earlier in run["earlier_tries"]:  # made again only because an actor was not yet in its phase
+        first = _failure_line(earlier)
+        print(f"\nthe stalled run at {earlier['bound_s']} s ended before set-up did: {first}")
+        assert not ("was in all_reduce on group" in first and "was in stalling 3600 s" in first), first
+    assert run["bound_s"] == (LOADED_STALL_TIMEOUT_S if run["earlier_tries"] else STALL_TIMEOUT_S), run["bound_s"]
     line = _failure_line(run)
     actor = r"\(actor nemo-rl-shim-preflight-[0-9a-f]{8}-rank%d on node 127\.0\.0\.1\)"
     expected = (
-        rf"preflight: FAILED: ranks 0-1 did not finish within {STALL_TIMEOUT_S} s \(--timeout-s\): "
+        rf"preflight: FAILED: ranks 0-1 did not finish within {run['bound_s']} s \(--timeout-s\): "
         rf"rank 0 {actor % 0} was in all_reduce on group default for (\d+) s; "
         rf"rank 1 {actor % 1} was in stalling 3600 s after set-up \(fault injection\) for (\d+) s"
     )
@@ -113,7 +122,7 @@ def test_a_stalled_actor_is_named_in_one_line_within_the_bound(scenarios, record
     assert "check_rank" not in stuck[0]["stack"][-1], stacks
     assert run["report"]["timed_out"] is True and run["report"]["ok"] is False
     record_property("stall_report_s", run["wall_s"])
-    print(f"\nstalled actor reported after {run['wall_s']} s (--timeout-s {STALL_TIMEOUT_S})")
+    print(f"\nstalled actor reported after {run['wall_s']} s (--timeout-s {run['bound_s']})")
 
 
 def test_a_peer_that_gives_up_ends_the_run_before_its_bound(scenarios, record_property) -> None:
@@ -166,13 +175,14 @@ def test_no_actor_or_placement_group_is_left_when_the_driver_disconnects(scenari
     (the group is still CREATED). One that skips ``ray.kill`` but removes the group passes, and
     rightly: Ray kills the actors placed in a group when the group is removed.
     """
-    seen = scenarios[run]["before_disconnect"]
-    assert seen is not None, f"the {run} run's driver recorded nothing before disconnecting: {scenarios[run]}"
-    assert "error" not in seen, seen["error"]
-    assert len(seen["actors"]) == 2, seen  # two actors: both created, both gone
-    assert {a["state"] for a in seen["actors"]} == {"DEAD"}, seen["actors"]
-    assert len(seen["placement_groups"]) == 1, seen
-    assert {g["state"] for g in seen["placement_groups"]} == {"REMOVED"}, seen["placement_groups"]
+    for outcome in [scenarios[run], *scenarios[run].get("earlier_tries", [])]:
+        seen = outcome["before_disconnect"]
+        assert seen is not None, f"the {run} run's driver recorded nothing before disconnecting: {outcome}"
+        assert "error" not in seen, seen["error"]
+        assert len(seen["actors"]) == 2, seen  # two actors: both created, both gone
+        assert {a["state"] for a in seen["actors"]} == {"DEAD"}, seen["actors"]
+        assert len(seen["placement_groups"]) == 1, seen
+        assert {g["state"] for g in seen["placement_groups"]} == {"REMOVED"}, seen["placement_groups"]
 
 
 def test_no_process_of_the_head_outlives_the_clean_up(scenarios, record_property) -> None:
