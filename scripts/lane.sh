@@ -2,12 +2,13 @@
 # One CI lane: a supported torch x nemo-automodel pair in its own locked environment, and its tests.
 #
 #   scripts/lane.sh default      the whole suite on the locked default pair (the README's test command)
-#   scripts/lane.sh torch-2.11   NeMo RL's torch, with the automodel extra (nemo-automodel 0.7.0)
+#   scripts/lane.sh torch-2.11   NeMo RL's torch, with the automodel extra (nemo-automodel 0.7.0), on the default
+#                                Python; CI runs this pair on CPython 3.13 instead (the lane below)
 #   scripts/lane.sh torch-2.10   Automodel's own lock and the oldest torch 0.7.0 (and 0.6.0) import with
 #   scripts/lane.sh torch-2.9    the oldest torch nemo-automodel 0.5.0 works with
-#   scripts/lane.sh py3.13-torch-2.11  NeMo RL's torch and nemo-automodel 0.7.0 on CPython 3.13 (pyenv's
-#                                $(pyenv root)/versions/3.13.*/bin/python3.13); without it the lane skips saying
-#                                why, except under CI (NEMO_RL_SHIM_CI=1), where it fails
+#   scripts/lane.sh py3.13-torch-2.11  NeMo RL's own pair: torch 2.11 and nemo-automodel 0.7.0 on CPython 3.13
+#                                (pyenv's $(pyenv root)/versions/3.13.*/bin/python3.13); without it the lane skips
+#                                saying why, except under CI (NEMO_RL_SHIM_CI=1), where it fails
 #
 # Each extra lane is a dependency group of pyproject.toml pinning torch (and, for torch-2.9, nemo-automodel),
 # declared as conflicting so that uv.lock holds every lane and `--locked` checks it; its environment lives
@@ -24,7 +25,6 @@ read -r -a UV <<< "${NEMO_RL_SHIM_UV:-uv}"  # .ci/run sets it when uv runs as "p
 lane="${1:?usage: scripts/lane.sh default|torch-2.11|torch-2.10|torch-2.9|py3.13-torch-2.11 [pytest args]}"
 shift
 
-marker=every_lane
 case "$lane" in
     default)
         "${UV[@]}" sync --locked --extra automodel --extra ray
@@ -40,11 +40,9 @@ case "$lane" in
             if [[ "${NEMO_RL_SHIM_CI:-}" == 1 ]]; then exit 1; fi
             echo "scripts/lane.sh: lane $lane skipped" >&2; exit 0
         fi
-        selection=(--group lane-torch-2-11 --extra automodel --python "$python313")
-        # the multi-process, set-up and preflight tests; the torch-2.11 lane runs the rest on this pair
-        marker=nemo_rl_python ;;
+        selection=(--group lane-torch-2-11 --extra automodel --python "$python313") ;;
     *) echo "scripts/lane.sh: unknown lane '$lane' (default, torch-2.11, torch-2.10, torch-2.9, py3.13-torch-2.11)" >&2; exit 2 ;;
 esac
 export UV_PROJECT_ENVIRONMENT=".lanes/$lane"
 "${UV[@]}" sync --locked "${selection[@]}"
-exec "${UV[@]}" run --locked "${selection[@]}" pytest -m "$marker" "$@"
+exec "${UV[@]}" run --locked "${selection[@]}" pytest -m every_lane "$@"

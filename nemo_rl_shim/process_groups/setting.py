@@ -50,7 +50,7 @@ __all__ = [
 if hasattr(dist, "set_timeout"):
     TIMEOUT_API = "torch.distributed.set_timeout"
     set_group_timeout = dist.set_timeout
-else:  # torch < 2.15: what NeMo RL's torch 2.11 uses (the torch-2.11, -2.10 and -2.9 CI lanes run it)
+else:  # torch < 2.15: what NeMo RL's torch 2.11 uses (the py3.13-torch-2.11, torch-2.10 and torch-2.9 CI lanes run it)
     TIMEOUT_API = "torch.distributed.distributed_c10d._set_pg_timeout"
     set_group_timeout = dist.distributed_c10d._set_pg_timeout
 

@@ -22,7 +22,7 @@ from nemo_rl_shim.process_groups import later, setting
 from nemo_rl_shim.setup.distributed import DistributedContext
 from tests.harness.one_rank import by_name, one_rank_world, readings
 
-pytestmark = [pytest.mark.every_lane, pytest.mark.nemo_rl_python]
+pytestmark = [pytest.mark.every_lane]
 
 STARTUP_S, STEADY_MIN, OWN_S = 12.0, 0.05, 7.0
 GLOO_DEFAULT_S = 30 * 60.0

@@ -23,7 +23,7 @@ from nemo_rl_shim.cli.preflight.spawn import spawn_ranks
 
 __all__: list[str] = []
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.every_lane, pytest.mark.nemo_rl_python]
+pytestmark = [pytest.mark.multiprocess, pytest.mark.every_lane]
 
 WORLD_SIZE = 2
 SPAWN_TIMEOUT_S = 420

@@ -29,7 +29,7 @@ from nemo_rl_shim.setup.distributed import DistributedContext
 from nemo_rl_shim.timeouts import after_first_step, current_timeouts, extended_timeout, run_groups
 from tests.harness.one_rank import by_name, one_rank_world, readings
 
-pytestmark = [pytest.mark.every_lane, pytest.mark.nemo_rl_python]
+pytestmark = [pytest.mark.every_lane]
 
 #: Values that are read back, never waited out, and each group connects within its own: a minute and more. With
 #: 12 s, 3 s and 7 s, a group's members, 4 ranks beside another suite at a load of 60, did not all connect in time.

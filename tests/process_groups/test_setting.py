@@ -56,7 +56,7 @@ def _expected_name(entry_name: str, facts: dict[str, Any]) -> str:
     return f"moe.{axis}" if label.startswith("moe") else axis
 
 
-pytestmark = [pytest.mark.every_lane, pytest.mark.nemo_rl_python]
+pytestmark = [pytest.mark.every_lane]
 
 VERSIONS = [pytest.param("0.4.0", marks=pytest.mark.releases), INSTALLED]
 

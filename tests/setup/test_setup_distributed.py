@@ -24,7 +24,7 @@ from nemo_rl_shim.setup.distributed import NEMO_RL_FIELDS
 from tests.ranks.set_up import UNSET
 from tests.setup.test_context import SHIM_FIELDS
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.every_lane, pytest.mark.nemo_rl_python]
+pytestmark = [pytest.mark.multiprocess, pytest.mark.every_lane]
 
 SPAWN_TIMEOUT_S = 600
 TIMEOUT = 45.0

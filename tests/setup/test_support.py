@@ -30,7 +30,7 @@ from tests.harness.paths import REPO_ROOT
 
 __all__: list[str] = []
 
-pytestmark = [pytest.mark.releases, pytest.mark.every_lane, pytest.mark.nemo_rl_python]
+pytestmark = [pytest.mark.releases, pytest.mark.every_lane]
 
 RELEASE = "0.7.0"
 TIMEOUT_S = 180

@@ -2,7 +2,7 @@
 
 Everything runs in the test process, through the real command (:func:`nemo_rl_shim.cli.main`)
 and the real set-up path: the shim's validation and decision, the workaround layers and the
-installed nemo-automodel's ``MeshContext.build`` (0.7.0 here and on the torch-2.11/2.10 lanes,
+installed nemo-automodel's ``MeshContext.build`` (0.7.0 here and on the py3.13-torch-2.11 and torch-2.10 lanes,
 0.5.0 on the torch-2.9 lane). What stands in is the boundary this machine lacks: GPUs, NCCL and
 a rendezvous, as :mod:`nemo_rl_shim.cli.preflight.fake_backend` describes (torch's own fake backend).
 

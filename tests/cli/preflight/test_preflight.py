@@ -37,7 +37,7 @@ from nemo_rl_shim.cli.preflight.spawn import free_port
 from tests.harness.at_once import Finished, run_at_once
 from tests.harness.paths import REPO_ROOT
 
-pytestmark = [pytest.mark.every_lane, pytest.mark.nemo_rl_python]
+pytestmark = [pytest.mark.every_lane]
 
 RUN_TIMEOUT_S = 420  # bound on each launched command; ranks import torch + Automodel on a contended CPU
 PPO_YAML = (
