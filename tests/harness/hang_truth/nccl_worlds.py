@@ -395,6 +395,13 @@ def _absent_means_unposted(play: _Play, rank: int) -> bool:
     )
 
 
+#: Why an only-active dump with an entry missing on one side cannot be told (the two-member case makes it plain).
+_MIRRORED = (
+    "only-active (C-ONLY-ACTIVE): a missing entry is a completed op or one never posted, and pg_status cannot say "
+    "which (L-PG-STATUS, C-PG-ID); with two members, 'B never came' and 'B finished, A did not' leave the same dumps"
+)
+
+
 def _truth(play: _Play) -> Truth:
     r, g, c = play.r, play.group, play.r.culprit
     members = g.ranks
@@ -409,13 +416,11 @@ def _truth(play: _Play) -> Truth:
     if kind == "stops_earlier":
         if _absent_means_unposted(play, c):
             return Truth(frozenset({"never_came"}), (c,), why="its dump stops before the op its peers wait in", **where)
-        why = "only-active (C-ONLY-ACTIVE): the culprit's missing entry may be a completed op; pg_status cannot say"
-        return Truth(why=why + " (L-PG-STATUS, C-PG-ID)", **cannot, **where)
+        return Truth(why=_MIRRORED, **cannot, **where)
     if kind == "did_not_finish":
         if all(_absent_means_unposted(play, p) for p in peers):
             return Truth(frozenset({"did_not_finish"}), (c,), why="its peers finished the op, it did not", **where)
-        why = "only-active (C-ONLY-ACTIVE): the peers' finished op is dropped and pg_status cannot say it finished"
-        return Truth(why=why + " (L-PG-STATUS, C-PG-ID)", **cannot, **where)
+        return Truth(why=_MIRRORED, **cannot, **where)
     if kind == "all_entered":
         return Truth(frozenset({"all_entered_none_finished"}), members, why="every member posted it", **where)
     if kind == "mismatch":
@@ -425,7 +430,7 @@ def _truth(play: _Play) -> Truth:
     if kind == "p2p_plain":
         if not r.only_active:
             return Truth(frozenset({"p2p_stall"}), (c,), why="it never posted its send; its next rank waits", **where)
-        why = "only-active (C-ONLY-ACTIVE): a send can complete before its recv and be dropped"
+        why = "only-active (C-ONLY-ACTIVE): a send may have completed before its recv (eagerly) and been dropped"
         return Truth(why=why, **cannot, **where)
     if r.recorder == "legacy":  # p2p_batch: L-ONLY-ACTIVE keeps a completed batch's members, so absent = unposted
         return Truth(frozenset({"p2p_stall"}), (c,), why="it never posted its batch (L-COAL-CLOSE)", **where)
