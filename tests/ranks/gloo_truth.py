@@ -57,6 +57,8 @@ CONNECT_MIN = 2.0
 #: The incident's timeout, taken on every group once every rank is at the incident.
 STEADY_S = 3.0
 _MEET_S = 90
+#: The store key a rank that ends itself adds to just before it does.
+_KILLED = "gloo_truth/killed"
 #: How long a rank asleep or working waits for its samples past its block's deadline before it leaves anyway.
 _RELEASE_BOUND_S = 40.0
 #: How long a rank in a C call holding the GIL stays, past its block's deadline (its first stack comes then).
@@ -311,7 +313,14 @@ def _waits_forever(incident: dict[str, Any], params: dict[str, Any], group: Any,
     deadline = time.monotonic() + flight_recorder._current_timeout_s() + flight_recorder.STACK_GRACE_S
     release = _Release(params["dump_dir"], rank, deadline)
     release.start()
-    threading.Thread(target=lambda: (release.done.wait(), os.kill(os.getpid(), signal.SIGKILL)), daemon=True).start()
+    store = dist.distributed_c10d._get_default_store()
+
+    def end() -> None:
+        release.done.wait()
+        store.add(_KILLED, 1)  # the sender waits for it: gone first, it would close the receiver's recv with an error
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=end, daemon=True).start()
     with flight_recorder.dump_on_timeout(incident["block"]):
         if incident["variant"] == "batched":
             ops = [dist.P2POp(dist.irecv, torch.zeros(size), culprit, group=group)]
@@ -346,14 +355,19 @@ def _incident(params: dict[str, Any], groups: dict[str, Any], rank: int) -> dict
 # --- the world ------------------------------------------------------------------------------------------------------
 
 
-def _store_barrier(store: Any, key: str, expected: int, timeout_s: float) -> bool:
-    store.add(key, 1)
+def _wait_until(store: Any, key: str, expected: int, timeout_s: float) -> bool:
+    """Whether the counter ``key`` of ``store`` reached ``expected`` within ``timeout_s``."""
     end = time.monotonic() + timeout_s
     while int(store.add(key, 0)) < expected:
         if time.monotonic() > end:
             return False
         time.sleep(0.02)
     return True
+
+
+def _store_barrier(store: Any, key: str, expected: int, timeout_s: float) -> bool:
+    store.add(key, 1)
+    return _wait_until(store, key, expected, timeout_s)
 
 
 def run_world(params: dict[str, Any]) -> dict[str, Any]:
@@ -374,5 +388,6 @@ def run_world(params: dict[str, Any]) -> dict[str, Any]:
     out["timeouts_s"] = sorted({t.total_seconds() for g in mine.values() for t in backend_timeouts(g).values()})
     out["incident"] = _incident(params, groups, rank)
     _store_barrier(store, "gloo_truth/out", params["survivors"], _MEET_S)
+    _wait_until(store, _KILLED, params["killed"], _MEET_S)  # a rank that ends itself is gone before anyone leaves
     rank_0_leaves_last("gloo_truth/left", _MEET_S, expected=params["survivors"], store=store)
     return out

@@ -396,7 +396,8 @@ def _run_once(recipe: dict[str, Any], directory: Path) -> tuple[str | None, dict
     dumps.mkdir(parents=True)
     work.mkdir()
     survivors = recipe["world"] - len(_ends(recipe))
-    params = {"recipe": recipe, "dump_dir": str(dumps), "work_dir": str(work), "survivors": survivors}
+    killed = int(recipe["incident"]["kind"] == "p2p")  # the receiver ends itself (SIGKILL)
+    params = {"recipe": recipe, "dump_dir": str(dumps), "work_dir": str(work), "survivors": survivors, "killed": killed}
     start = time.monotonic()
     results = spawn_ranks(
         _TARGET, params, world_size=recipe["world"], timeout_s=WORLD_BOUND_S, env=_CPU_ONLY, check=False
