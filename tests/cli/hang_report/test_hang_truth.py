@@ -12,13 +12,14 @@ and receiver as drawn), and the check that refuses a world that did not run as d
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 
 from nemo_rl_shim.cli.preflight.spawn import RankResult
 from tests.harness.hang_truth import gloo_worlds
-from tests.harness.hang_truth.gloo_worlds import INCIDENTS, SEEDS, VARIANTS, WorldFailed, draw_many, draw_recipe
+from tests.harness.hang_truth.gloo_worlds import INCIDENTS, SEEDS, VARIANTS, WorldFailed, draw, draw_recipe
 from tests.harness.hang_truth.score import Reported, Scored, judge, score
 from tests.harness.hang_truth.truth import Scenario, Truth
 
@@ -62,12 +63,18 @@ def _param(seed: int) -> Any:
 
 @pytest.fixture(scope="module")
 def sample(tmp_path_factory) -> dict[int, tuple[Scenario, Scored] | WorldFailed]:
+    """Every seed of the sample drawn at once, each scored as soon as its world has run."""
     root = tmp_path_factory.mktemp("hang-truth")
-    drawn = draw_many(list(SAMPLE), root, at_once=len(SAMPLE))
-    return {
-        seed: found if isinstance(found, WorldFailed) else (found, score(found))
-        for seed, found in zip(SAMPLE, drawn, strict=True)
-    }
+
+    def one(seed: int) -> tuple[Scenario, Scored] | WorldFailed:
+        try:
+            scenario = draw(seed, root)
+        except WorldFailed as failed:
+            return failed
+        return scenario, score(scenario)
+
+    with ThreadPoolExecutor(max_workers=len(SAMPLE)) as pool:
+        return dict(zip(SAMPLE, pool.map(one, SAMPLE), strict=True))
 
 
 @pytest.mark.multiprocess

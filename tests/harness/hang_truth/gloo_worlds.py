@@ -46,7 +46,8 @@ not run as drawn (a loaded machine: a rank that connected late) is run again onc
 never scored.
 
 Bounded: each world's ranks are killed at :data:`WORLD_BOUND_S`; a world takes about 5 to 15 s (the culprit stays
-for the short timeout, the stack watch's grace and its samples). :func:`draw_many` runs several at once.
+for the short timeout, the stack watch's grace and its samples). Worlds mostly wait: the benchmark and the test draw
+several at once, each in a thread of their own.
 """
 
 from __future__ import annotations
@@ -55,8 +56,6 @@ import random
 import shutil
 import signal
 import time
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +72,6 @@ __all__ = [
     "WORLD_BOUND_S",
     "WorldFailed",
     "draw",
-    "draw_many",
     "draw_recipe",
     "truth_of",
 ]
@@ -425,17 +423,3 @@ def draw(seed: int, root: Path) -> Scenario:
             return Scenario(name, "gloo", seed, recipe["world"], directory / "dumps", truth_of(recipe), recipe_ran)
         reasons.append(problem)
     raise WorldFailed(seed, reasons)
-
-
-def draw_many(seeds: Sequence[int], root: Path, *, at_once: int = 4) -> list[Scenario | WorldFailed]:
-    """:func:`draw` for every seed, ``at_once`` worlds at a time (they mostly wait: timeouts, samples); in seed order,
-    a world that did not run as drawn as its :class:`WorldFailed`."""
-
-    def one(seed: int) -> Scenario | WorldFailed:
-        try:
-            return draw(seed, root)
-        except WorldFailed as failed:
-            return failed
-
-    with ThreadPoolExecutor(max_workers=max(1, at_once)) as pool:
-        return list(pool.map(one, seeds))
