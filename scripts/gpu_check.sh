@@ -129,7 +129,9 @@ else
     run_step wheels 120 bash -c install_wheels
     [[ -d "$scratch/site" ]] && export PYTHONPATH="$scratch/site:$PYTHONPATH"
 fi
-gpus="$(timeout 60 "$python" -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)' 2>/dev/null)"
+# The CUDA devices the facts step counted (no second torch import); 0 where it could not.
+gpus="$(timeout 30 "$python" -c 'import json, sys; print(int(json.load(open(sys.argv[1])).get("cuda_devices") or 0))' \
+    "$out/facts.json" 2>/dev/null)"
 gpus="${gpus:-0}"
 say "gpu_check: $gpus CUDA devices"
 run_step status 60 "$python" -m nemo_rl_shim status
