@@ -90,6 +90,9 @@ def test_the_report_reads_each_rehearsed_dump_as_its_truth_says(rehearsal, name:
     truth = json.loads((folder / "truth.json").read_text())
     assert (truth["rehearsal"], truth["real_nccl"], truth["backend"], truth["world_size"]) == (True, False, "gloo", 2)
     assert truth["culprit"] == {"rank": 1, "how": "never entered"}, truth["culprit"]
+    rank = truth["rank"]  # rank 0 ended at its dump: its own exit, seconds after the dump was whole
+    assert rank["exit"] == 0 and rank["dump_complete_s"] is not None, rank
+    assert rank["ended_s"] - rank["dump_complete_s"] < 10 and rank["exit_to_reaped_s"] < 30, rank
     reading = read_folder(folder)
     assert reading.right, reading.describe()
 

@@ -263,12 +263,14 @@ def own_trace(recorder: str) -> dict[str, Any]:
     named ``recorder`` (torch 2.15 keeps one per backend), the NCCL one or the generic one before it."""
     c10d = torch._C._distributed_c10d
     kwargs = {"includeCollectives": True, "includeStackTraces": False, "onlyActive": False}
+    nccl = c10d._dump_nccl_trace if recorder.startswith("nccl") and hasattr(c10d, "_dump_nccl_trace") else None
     try:
-        raw = c10d._dump_fr_trace(**kwargs, backend=recorder)
+        trace = pickle.loads(c10d._dump_fr_trace(**kwargs, backend=recorder))  # this process's own bytes, from torch
     except TypeError:  # before torch 2.15: one recorder for NCCL, one for the rest
-        dump = c10d._dump_nccl_trace if recorder.startswith("nccl") and hasattr(c10d, "_dump_nccl_trace") else None
-        raw = (dump or c10d._dump_fr_trace)(**kwargs)
-    return pickle.loads(raw)  # this process's own bytes, just made by torch: not untrusted input
+        trace = pickle.loads((nccl or c10d._dump_fr_trace)(**kwargs))
+    if not trace.get("entries") and nccl is not None:  # torch 2.15's stock NCCL: still its own recorder
+        trace = pickle.loads(nccl(**kwargs))
+    return trace
 
 
 def newest_record(recorder: str) -> dict[str, Any]:
@@ -356,10 +358,17 @@ def _partner(r: _Rank, params: Mapping[str, Any]) -> dict[str, Any]:
     return {"rank": r.rank, "ops": r.ops}
 
 
-def _end(params: Mapping[str, Any], facts: dict[str, Any], size: int | None, seen_s: float) -> None:
-    """Rank 0's end: its facts, then ``os._exit`` at once (exit 3 when no whole dump came within the bound)."""
+def _end(params: Mapping[str, Any], facts: dict[str, Any], size: int | None, seen_s: float, device: Any) -> None:
+    """Rank 0's end: its facts, then ``os._exit`` at once (exit 3 when no whole dump came within the bound).
+
+    On a GPU, ``gpu_busy_at_dump``: the stream still held the sleep when the dump was seen whole, so the held op
+    had not run yet (False: the sleep ended first, and the dump may show the op finished: raise ``--hold-s``).
+    ``exit_epoch``: when the process asked to end, for the harvest to measure how long its end took."""
     facts.update(dump_bytes=size, dump_complete_s=round(seen_s, 3) if size is not None else None)
+    if device.type == "cuda":
+        facts["gpu_busy_at_dump"] = not torch.cuda.current_stream(device).query()
     facts["ended_s"] = round(time.monotonic() - params["_t0"], 3)
+    facts["exit_epoch"] = time.time()
     _write_facts(params, facts)
     os._exit(0 if size is not None else 3)
 
@@ -407,7 +416,7 @@ def harvest_rank(params: dict[str, Any]) -> dict[str, Any]:
         end = time.monotonic() + params["bound_s"]  # rank 0 serves the store: it leaves after the partner
         while int(store.add("harvest_partner_out", 0)) < r.world - 1 and time.monotonic() < end:
             time.sleep(POLL_S)
-        _end(params, facts, size, seen_s)
+        _end(params, facts, size, seen_s, device)
     size, seen_s = _wait_for_dump(dump, params["bound_s"], params["_t0"])
-    _end(params, facts, size, seen_s)
+    _end(params, facts, size, seen_s, device)
     return facts  # not reached: _end ends the process

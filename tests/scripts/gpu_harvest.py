@@ -64,6 +64,7 @@ class ScenarioRun:
             "why": self.why,
             "wall_s": round(self.wall_s, 1),
             "dump_after_issue_s": rank.get("dump_after_issue_s"),
+            "exit_to_reaped_s": rank.get("exit_to_reaped_s"),
             "first_line": (self.truth or {}).get("first_line"),
         }
 
@@ -219,7 +220,7 @@ def _run_one(name: str, root: Path, args: argparse.Namespace, machine: dict[str,
     }  # fmt: skip
     start = time.monotonic()
     results = spawn_ranks(_RANK_TARGET, params, world_size=world, timeout_s=args.rank_bound_s, env=env, check=False)
-    wall = time.monotonic() - start
+    wall, reaped = time.monotonic() - start, time.time()
     facts = json.loads(facts_path.read_text()) if facts_path.exists() else {}
     facts_path.unlink(missing_ok=True)
     for r in results:
@@ -233,8 +234,13 @@ def _run_one(name: str, root: Path, args: argparse.Namespace, machine: dict[str,
         code = results[0].returncode
         why = f"rank 0 exit {code}, {len(dumps)} of {world} whole dumps, facts {'read' if facts else 'missing'}"
         return ScenarioRun(name, "failed", why, wall)
+    if facts.get("gpu_busy_at_dump") is False:
+        why = f"the GPU's {args.hold_s:g} s sleep ended before the dump was whole: the op may read finished"
+        return ScenarioRun(name, "failed", f"{why} (raise --hold-s)", wall)
     truth = truth_of(name, facts, machine, env, world, args.rehearse)
-    truth["rank"].update(exit=results[0].returncode, wall_s=round(wall, 2))
+    exit_s = round(reaped - facts["exit_epoch"], 2) if "exit_epoch" in facts else None
+    truth["rank"].update(exit=results[0].returncode, wall_s=round(wall, 2), exit_to_reaped_s=exit_s)
+    truth["rank"]["gpu_busy_at_dump"] = facts.get("gpu_busy_at_dump")
     truth["dumps"] = dumps
     (folder / TRUTH).write_text(json.dumps(truth, indent=2) + "\n")
     return ScenarioRun(name, "harvested", "", wall, truth)
@@ -270,27 +276,28 @@ def _readme(machine: dict[str, Any], runs: list[ScenarioRun], args: argparse.Nam
         "not finish as torch recorded it when it was issued (read in the rank, not from the dump), its group, the "
         "kind, and the first line the report must start with.",
         "",
-        "| scenario | outcome | rank wall s | dump after issue s | first line must start |",
-        "|---|---|---|---|---|",
+        "| scenario | outcome | rank wall s | dump after issue s | exit to reaped s | first line must start |",
+        "|---|---|---|---|---|---|",
     ]
     for run in runs:
         row = run.row()
         outcome = run.outcome + (f": {run.why}" if run.why else "")
         lines.append(
-            f"| {run.name} | {outcome} | {row['wall_s']} | {row['dump_after_issue_s']} | {row['first_line'] or '-'} |"
+            f"| {run.name} | {outcome} | {row['wall_s']} | {row['dump_after_issue_s']} | {row['exit_to_reaped_s']} | "
+            f"{row['first_line'] or '-'} |"
         )
     return "\n".join(lines) + "\n"
 
 
 def _table(runs: list[ScenarioRun]) -> str:
     width = max(len(r.name) for r in runs) if runs else 8
-    out = [f"{'scenario'.ljust(width)}  {'outcome':9}  {'wall s':>6}  {'dump s':>6}  why / first line"]
+    out = [f"{'scenario'.ljust(width)}  {'outcome':9}  {'wall s':>6}  {'dump s':>6}  {'end s':>5}  why / first line"]
     for run in runs:
         row = run.row()
         after = "-" if row["dump_after_issue_s"] is None else f"{row['dump_after_issue_s']:.1f}"
-        out.append(
-            f"{run.name.ljust(width)}  {run.outcome:9}  {run.wall_s:6.1f}  {after:>6}  {run.why or row['first_line']}"
-        )
+        end = "-" if row["exit_to_reaped_s"] is None else f"{row['exit_to_reaped_s']:.1f}"
+        line = f"{run.name.ljust(width)}  {run.outcome:9}  {run.wall_s:6.1f}  {after:>6}  {end:>5}"
+        out.append(f"{line}  {run.why or row['first_line']}")
     return "\n".join(out)
 
 
@@ -302,7 +309,7 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rehearse", action="store_true", help="Gloo on CPU: this harvest's logic without a GPU")
     parser.add_argument("--only", nargs="+", choices=sorted(SCENARIOS), help="these scenarios (default: all)")
     parser.add_argument("--timeout-s", type=float, default=3.0, help="the held group's timeout (default 3)")
-    parser.add_argument("--hold-s", type=float, default=30.0, help="GPU sleep the all_reduce waits behind (default 30)")
+    parser.add_argument("--hold-s", type=float, default=20.0, help="GPU sleep the all_reduce waits behind (default 20)")
     parser.add_argument("--dump-bound-s", type=float, default=30.0, help="rank 0's wait for its dump (default 30)")
     parser.add_argument("--rank-bound-s", type=float, default=90.0, help="each scenario's ranks' bound (default 90)")
     parser.add_argument("--jobs", type=int, default=1, help="scenarios at once (default 1)")
