@@ -373,6 +373,27 @@ def _end(params: Mapping[str, Any], facts: dict[str, Any], size: int | None, see
     os._exit(0 if size is not None else 3)
 
 
+def _gloo_times_out(work: Any, r: _Rank, facts: dict[str, Any]) -> None:
+    """The Gloo rehearsal's rank 0: its held all_reduce raises at the timeout; it tells the partner, then writes its
+    dump (the stand-in for NCCL's dump on timeout)."""
+    try:
+        work.wait()
+        facts["held_outcome"] = "completed (it should not have)"
+    except RuntimeError as error:
+        lines = str(error).strip().splitlines()
+        facts["held_outcome"] = f"raised: {lines[0][:200] if lines else type(error).__name__}"
+    dist.distributed_c10d._get_default_store().set("harvest_held_over", "1")
+    write_own_dump(r.rank)
+
+
+def _partner_gone(r: _Rank, bound_s: float) -> None:
+    """Rank 0 serves the store: it leaves once the partner is out of its last store call (or after ``bound_s``)."""
+    store = dist.distributed_c10d._get_default_store()
+    end = time.monotonic() + bound_s
+    while int(store.add("harvest_partner_out", 0)) < r.world - 1 and time.monotonic() < end:
+        time.sleep(POLL_S)
+
+
 def harvest_rank(params: dict[str, Any]) -> dict[str, Any]:
     """One rank of one scenario (see the module docstring). Rank 0 never returns: it ends the process at its dump."""
     params = {**params, "_t0": time.monotonic()}
@@ -403,20 +424,10 @@ def harvest_rank(params: dict[str, Any]) -> dict[str, Any]:
     }
     _write_facts(params, facts)
     dump = Path(f"{os.environ['TORCH_FR_DUMP_TEMP_FILE']}{r.rank}")
-    if device.type != "cuda":  # Gloo: the timeout raises here; then the stand-in for NCCL's dump on timeout
-        try:
-            work.wait()
-            facts["held_outcome"] = "completed (it should not have)"
-        except RuntimeError as error:
-            facts["held_outcome"] = f"raised: {str(error).strip().splitlines()[0][:200] if str(error) else ''}"
-        store = dist.distributed_c10d._get_default_store()
-        store.set("harvest_held_over", "1")
-        write_own_dump(r.rank)
-        size, seen_s = _wait_for_dump(dump, params["bound_s"], params["_t0"])
-        end = time.monotonic() + params["bound_s"]  # rank 0 serves the store: it leaves after the partner
-        while int(store.add("harvest_partner_out", 0)) < r.world - 1 and time.monotonic() < end:
-            time.sleep(POLL_S)
-        _end(params, facts, size, seen_s, device)
+    if device.type != "cuda":
+        _gloo_times_out(work, r, facts)
     size, seen_s = _wait_for_dump(dump, params["bound_s"], params["_t0"])
+    if device.type != "cuda":
+        _partner_gone(r, params["bound_s"])
     _end(params, facts, size, seen_s, device)
     return facts  # not reached: _end ends the process
