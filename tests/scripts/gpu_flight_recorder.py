@@ -1,7 +1,9 @@
 """The NCCL path of the Flight Recorder on a GPU machine: torch dumps on a timeout by itself, hang-report reads it.
 
-Run by ``scripts/gpu_check.sh`` as ``python -m tests.scripts.gpu_flight_recorder`` (bounded; exit 0 when the
-report names what it should, 1 otherwise). Not a pytest file: it needs CUDA and NCCL.
+Run by ``scripts/gpu_check.sh`` with two GPUs or more, as ``python -m tests.scripts.gpu_flight_recorder --nproc 2``
+(with the shim, and ``--torch-only``; bounded; exit 0 when the report names what it should, 1 otherwise). On one
+GPU the harvest (``tests/scripts/gpu_harvest.py``) takes its place: the same held all_reduce, the rank ending at its
+dump, and the dump kept as a fixture. Not a pytest file: it needs CUDA and NCCL.
 
 * One GPU (NCCL cannot put two ranks on one device): a one-rank NCCL world through the real
   ``setup_distributed`` with ``automodel_cfg.flight_recorder`` on and a 0.1 min (6 s) timeout. An

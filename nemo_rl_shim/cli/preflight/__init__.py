@@ -12,15 +12,17 @@ The rooms:
 * :mod:`.group_rows` - which groups a rank lists (every group torch holds, the one seam) and each row, from the audit;
 * :mod:`.runner` - the one interface of the four runners, who reports, and the rule "one rank per GPU, else
   2 CPU ranks" with the limits that refuse more;
-* :mod:`.spawn` (local processes), :mod:`.join` (a torchrun/srun world), :mod:`.ray_actors` (``--ray``),
-  :mod:`.dry_run` (``--dry-run``, on :mod:`.fake_backend`) - the runners;
+* :mod:`.spawn` (local processes; :mod:`.one_gpu` with exactly one CUDA device: the CPU ranks and one rank on
+  the GPU), :mod:`.join` (a torchrun/srun world), :mod:`.ray_actors` (``--ray``), :mod:`.dry_run` (``--dry-run``,
+  on :mod:`.fake_backend`) - the runners;
 * :mod:`.stuck` - the grace after a failure (one :class:`~.stuck.Grace` for every runner), and how a rank
   that does not finish is named;
 * :mod:`.run` - :func:`run_preflight`: sizes the world, runs the runner, assembles the report;
 * :mod:`.report` - what is wrong (one line) and the table or JSON.
 
 Ranks: one per CUDA device when there are at least two; otherwise two CPU ranks on gloo (with
-exactly one CUDA device it is hidden from the ranks, since NCCL needs one device per rank). With
+exactly one CUDA device it is hidden from them, since NCCL needs one device per rank, and one more rank
+checks it in a world of its own: :mod:`.one_gpu`). With
 a training world (the config's ``cluster`` section read with NeMo RL's rule, or ``--world``),
 that many ranks when they fit, and :class:`~.options.WorldTooLarge` (exit 2, one line pointing
 to ``--dry-run``) when they do not; ``--nproc`` always wins.

@@ -46,9 +46,9 @@ def pick_runner(
     launcher = detect_launcher(environ)
     if launcher is not None:
         return JoinRunner(launcher, last_words)
-    from nemo_rl_shim.cli.preflight.spawn import SpawnRunner
+    from nemo_rl_shim.cli.preflight.one_gpu import local_runner
 
-    return SpawnRunner()
+    return local_runner(environ=environ)  # spawned ranks; with exactly one CUDA device, also one rank on it
 
 
 def _size(runner: Runner, options: PreflightOptions) -> RankPlan:

@@ -4,8 +4,10 @@ Why: CI has no copy of NeMo RL (see ``nemo_rl/__init__.py``). What it keeps of N
 is what it does with process groups: ``torch.distributed.init_process_group`` with NeMo RL's backend string
 (``"nccl"``, or ``"cuda:nccl,cpu:gloo"`` under CPU offload), looked up on ``torch.distributed`` at call time as
 NeMo RL does; ``FSDP2Config(backend="nccl")``, whose backend gives the mesh its device type, as Automodel's mesh
-code does; the ``dtensor_cfg`` keys it reads with ``[]``; and a ``(dp, cp, tp)`` device mesh (NeMo RL's has
-more axes: the shape does not matter to preflight, every group torch holds is audited).
+code does; the ``dtensor_cfg`` keys it reads with ``[]``; its refusal of CPU offload on one rank
+(``NotImplementedError``, raised after the default group exists, as NeMo RL's "Handle world_size=1 + cpu_offload"
+does); and a ``(dp, cp, tp)`` device mesh (NeMo RL's has more axes: the shape does not matter to preflight, every
+group torch holds is audited).
 
 NeMo RL as it is passes no timeout: every group keeps torch's default. With ``NEMO_RL_STAND_IN_SERIES=applied``
 it does what the series' ``setup_distributed`` does (``nemo_rl_shim/upstream/0002``): the section's
@@ -82,6 +84,11 @@ def setup_distributed(config: dict[str, Any], runtime_config: RuntimeConfig, con
     tp, cp = dtensor.get("tensor_parallel_size", 1), dtensor.get("context_parallel_size", 1)
     _ = dtensor["sequence_parallel"], dtensor["activation_checkpointing"]  # read with [], as NeMo RL does
     fsdp2_config = FSDP2Config(backend="nccl")
+    if world_size == 1 and runtime_config.cpu_offload:  # NeMo RL's words, from its setup_distributed
+        raise NotImplementedError(
+            "CPUOffload doesn't work on single GPU for AutoModel. "
+            "If you need this feature, please file an issue on https://github.com/NVIDIA-NeMo/Automodel."
+        )
     device_type = "cuda" if fsdp2_config.backend == "nccl" else "cpu"
     mesh = init_device_mesh(device_type, (world_size // (tp * cp), cp, tp), mesh_dim_names=("dp", "cp", "tp"))
     if timeout is not None:
