@@ -381,8 +381,8 @@ def _run_preflight(args: argparse.Namespace, out: TextIO, clock: CommandClock) -
     from nemo_rl_shim.cli import preflight
 
     options = _options(args, config, clock)
-    if clock.left() <= 0:
-        raise _RanOut(clock.ran_out(), EXIT_FAILED)
+    if clock.left() <= 0:  # the options are good: no rank had the time to start
+        raise _RanOut(f"--timeout-s {args.timeout_s:g} ran out before the ranks started", EXIT_FAILED)
 
     def last_words(line: str) -> None:  # a watchdog ends the process: the JSON report's stand-in
         print(json.dumps(failure_json(line, EXIT_FAILED), indent=2), file=out, flush=True)
