@@ -30,7 +30,17 @@ from typing import Any
 from tests.harness.nccl_scenarios import build
 from tests.harness.paths import REPO_ROOT
 
-__all__ = ["ADDRESS_SPACE_CAP", "CASES", "PEAK_MB", "SECONDS", "Case", "Outcome", "alias_bomb", "run_capped"]
+__all__ = [
+    "ADDRESS_SPACE_CAP",
+    "CASES",
+    "PEAK_MB",
+    "SECONDS",
+    "Case",
+    "Outcome",
+    "alias_bomb",
+    "interpolation_bomb",
+    "run_capped",
+]
 
 #: The address space the command runs under (what a shared login node might allow).
 ADDRESS_SPACE_CAP = 6 << 30
@@ -245,6 +255,14 @@ def alias_bomb(levels: int = 10, width: int = 10) -> str:
     as given)."""
     lines = ["a0: &a0 [" + ",".join(['"lolol"'] * width) + "]"]
     lines += [f"a{n}: &a{n} [" + ",".join([f"*a{n - 1}"] * width) + "]" for n in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
+def interpolation_bomb(levels: int = 16) -> str:
+    """A recipe whose ``levels`` keys each add the one before to itself (``l2: ${add:${l1},${l1}}``): OmegaConf
+    resolves each use again, so 2**levels resolutions (452 bytes as given)."""
+    lines = ["policy:", "  automodel_cfg: {distributed_timeout_minutes: 45}", "l0: 1"]
+    lines += [f"l{i}: ${{add:${{l{i - 1}}},${{l{i - 1}}}}}" for i in range(1, levels + 1)]
     return "\n".join(lines) + "\n"
 
 

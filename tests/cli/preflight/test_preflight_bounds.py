@@ -32,6 +32,7 @@ from nemo_rl_shim.cli.main import PREFLIGHT_EXIT_CODES, TRACEBACK_ENV, build_par
 from nemo_rl_shim.cli.preflight.nemo_rl_setup import nemo_rl_missing
 from nemo_rl_shim.cli.preflight.options import RAY_EXTRA_MISSING
 from nemo_rl_shim.flight_recorder.stack_watchdog import _rank_of as stack_rank_of
+from tests.harness.hostile_inputs import interpolation_bomb
 from tests.harness.paths import REPO_ROOT
 
 #: What the command may take past ``--timeout-s`` (its interpreter's start, the line, the clean-up).
@@ -68,13 +69,6 @@ def _one_line(err: str) -> str:
     return lines[-1]
 
 
-def bomb(levels: int) -> str:
-    """``levels`` keys, each the one before added to itself: 2**levels resolutions (452 bytes at 16)."""
-    lines = ["policy:", "  automodel_cfg: {distributed_timeout_minutes: 45}", "l0: 1"]
-    lines += [f"l{i}: ${{add:${{l{i - 1}}},${{l{i - 1}}}}}" for i in range(1, levels + 1)]
-    return "\n".join(lines) + "\n"
-
-
 # --- --timeout-s bounds the whole command ---------------------------------------------------------------------------
 
 
@@ -83,7 +77,7 @@ def test_an_interpolation_bomb_ends_within_the_bound_with_one_line_naming_the_fi
     """Measured on main: 56 s past --timeout-s 10, 860 MB. Now the recipe's CPU budget (2 s + 0.2 ms a byte), or the
     command's deadline on a loaded machine, ends it: exit 2, one line naming the file and the rule."""
     config = tmp_path / "bomb.yaml"
-    config.write_text(bomb(16))
+    config.write_text(interpolation_bomb(16))
     assert len(config.read_bytes()) == 452
     ended = _command("preflight", "--config", str(config), "--timeout-s", "10", "--dry-run")
     line = _one_line(ended.err)
