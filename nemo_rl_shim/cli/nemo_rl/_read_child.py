@@ -66,9 +66,8 @@ def _limit_memory() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
 
 
-def _read(path: str, overrides: list[str]) -> dict[str, Any]:
+def _read(path: str, overrides: list[str], reading: RecipeReading) -> dict[str, Any]:
     """The reading, phase by phase; what to send back."""
-    reading = RecipeReading()
     _say({"phase": "loading"})
     with _cpu_budget(LOAD_CPU_S):
         config = load_recipe_config(path, overrides, reading)
@@ -87,16 +86,17 @@ def _read(path: str, overrides: list[str]) -> dict[str, Any]:
 def main(request: dict[str, Any]) -> None:
     """Read ``request["path"]`` with ``request["overrides"]`` and say how it ended (see the module docstring)."""
     path = str(request["path"])
+    reading = RecipeReading()
     answer: dict[str, Any]
     try:
         _limit_memory()
-        answer = _read(path, [str(o) for o in request.get("overrides", [])])
+        answer = _read(path, [str(o) for o in request.get("overrides", [])], reading)
     except RecipeError as e:
         answer = {"error": str(e)}
     except _OutOfCpu:
-        answer = {"out_of": "cpu"}
+        answer = {"out_of": "cpu", "step": reading.step}
     except MemoryError:
-        answer = {"out_of": "memory"}
+        answer = {"out_of": "memory", "step": reading.step}
     except RecursionError:
         answer = {"error": f"{path}: nested too deep to read: refused"}
     except Exception as e:  # OmegaConf's or YAML's own error outside the reader's wording: one line, the file named

@@ -93,6 +93,8 @@ class RecipeReading:
     nodes: NodeBudget = field(default_factory=NodeBudget)
     files: int = 0
     bytes: int = 0
+    #: What the loading is doing, in words (``"merging b.yaml into a.yaml"``): where a budget ran out.
+    step: str = ""
 
 
 def register_resolvers() -> None:
@@ -194,6 +196,7 @@ def _load_tree(path: Path, chain: tuple[Path, ...], reading: RecipeReading) -> D
             f"{_chain_text(chain)}: a defaults chain deeper than {MAX_DEFAULTS_DEPTH} files (NeMo RL's deepest is 6): "
             "refused"
         )
+    reading.step = f"reading {path}"
     config = _read_file(path, chain, reading)
     if "defaults" not in config:
         return config
@@ -201,7 +204,10 @@ def _load_tree(path: Path, chain: tuple[Path, ...], reading: RecipeReading) -> D
     for name in _parents(config, chain):
         parent = Path(name) if name.startswith("/") else path.parent / name
         parent_chain = (*chain, parent)
-        base = _merged(base, _load_tree(parent, parent_chain, reading), parent_chain)
+        tree = _load_tree(parent, parent_chain, reading)
+        reading.step = f"merging {parent}"
+        base = _merged(base, tree, parent_chain)
+    reading.step = f"merging {path} over its defaults"
     return _merged(base, config, chain)
 
 
@@ -279,10 +285,16 @@ def load_recipe_config(
     path: str | Path, overrides: Sequence[str] = (), reading: RecipeReading | None = None
 ) -> DictConfig:
     """The unresolved OmegaConf config: ``path`` with its ``defaults`` chain, then ``overrides``; ``reading`` (a fresh
-    :class:`RecipeReading` when not given) counts what the files spent of the recipe's budget."""
+    :class:`RecipeReading` when not given) counts what the files spent of the recipe's budget.
+
+    NeMo RL's resolvers are registered first, as ``examples/run_*.py`` do: a merge resolves the top-level values of
+    the file merged in (``merge_with_override`` reads ``override_config[key]``), so they are needed while loading."""
+    register_resolvers()
     path = Path(path)
-    config = _load_tree(path, (path,), reading if reading is not None else RecipeReading())
+    reading = reading if reading is not None else RecipeReading()
+    config = _load_tree(path, (path,), reading)
     if overrides:
+        reading.step = "applying the overrides"
         apply_overrides(config, list(overrides))
     return config
 

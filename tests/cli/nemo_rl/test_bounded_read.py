@@ -54,6 +54,16 @@ def test_overrides_and_int_keys_come_back_as_they_were(tmp_path: Path) -> None:
     assert math.isnan(read["ratio"]) and read["raw"] == b"hi"
 
 
+def test_nemo_rl_s_resolvers_are_there_while_a_merge_resolves(tmp_path: Path) -> None:
+    """NeMo RL registers ``add`` before it loads, and its merge resolves the top-level values of the file merged in
+    (on that file alone: ``${a}`` of a parent is not found there, in NeMo RL as here): a child read without the
+    resolvers said ``Unsupported interpolation type add`` (found by the property test)."""
+    (tmp_path / "parent.yaml").write_text("a: 1\n")
+    (tmp_path / "child.yaml").write_text("defaults: parent.yaml\nb: ${add:1,2}\nc: {d: '${add:${a},2}'}\n")
+    expected = {"a": 1, "b": 3, "c": {"d": 3}}
+    assert read_config(tmp_path / "child.yaml", timeout_s=120) == expected == load_recipe(tmp_path / "child.yaml")
+
+
 @pytest.mark.parametrize(
     "value",
     [{1: "a", "1": "b", 2.5: [None, True]}, [[[]]], {"d": [[1, 2]]}, {"b": "00"}, -(10**30), "\ud800"],
@@ -125,6 +135,12 @@ def test_a_wall_bound_shorter_than_the_read_ends_the_child_and_says_the_phase(tm
     ("out", "code", "words"),
     [
         ('{"phase": "loading"}\n{"out_of": "cpu"}\n', 0, "loading its files and defaults took more than 10 s of CPU"),
+        (
+            '{"phase": "loading"}\n{"out_of": "cpu", "step": "merging b.yaml"}\n',
+            0,
+            "loading its files and defaults (merging b.yaml, which resolves its top-level ${...} interpolations) took "
+            "more than 10 s of CPU",
+        ),
         (
             '{"phase": "loading"}\n{"phase": "resolving", "cpu_s": 2.1, "bytes": 452}\n{"out_of": "memory"}\n',
             0,
