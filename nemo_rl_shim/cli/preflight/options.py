@@ -69,6 +69,9 @@ class PreflightOptions:
     worker_note: str | None = None
     #: ``--setup``: whose ``setup_distributed`` every rank runs (:data:`~.results.SETUPS`).
     setup: str = SHIM_SETUP
+    #: The command's whole ``--timeout-s`` where the ranks were given only what was left of it (``timeout_s``):
+    #: :func:`~nemo_rl_shim.cli.preflight.run.run_preflight` sets it; None where ``timeout_s`` is the whole bound.
+    timeout_whole_s: float | None = None
 
     @property
     def timeout_minutes(self) -> float | None:

@@ -331,7 +331,7 @@ class _Gathering:
         results.update(unfinished)
         where = "; ".join(f"{self.placement.describe(r)} was in {_in_phase(unfinished[r])}" for r in stuck)
         if self.timed_out:
-            self.problems.append(past_deadline(stuck, self.options.timeout_s, where))
+            self.problems.append(past_deadline(stuck, self.options.timeout_s, where, self.options.timeout_whole_s))
         elif self._names_the_rest:  # a rank that died is the finding; the ranks still waiting on it are not
             self.problems.append(after_grace(stuck, self.grace.why or "", where))
 

@@ -76,7 +76,8 @@ def _within(options: PreflightOptions, deadline: float | None) -> PreflightOptio
     its start: what reading the recipe and the imports took is not the ranks' to spend)."""
     if deadline is None:
         return options
-    return replace(options, timeout_s=round(max(deadline - time.monotonic(), 0.0), 1))
+    left = round(max(deadline - time.monotonic(), 0.0), 1)
+    return replace(options, timeout_s=left, timeout_whole_s=options.timeout_whole_s or options.timeout_s)
 
 
 def run_preflight(
@@ -98,8 +99,9 @@ def run_preflight(
     with pick_runner(_within(options, deadline), environ, last_words) as runner:
         plan = _size(runner, options)
         start = time.monotonic()
-        run = runner.run(_within(options, deadline), plan, progress)
-    problems, checks_passed = problems_of(run, options)
+        given = _within(options, deadline)  # what is left of the command's --timeout-s when the ranks start
+        run = runner.run(given, plan, progress)
+    problems, checks_passed = problems_of(run, given)
     report = PreflightReport(
         run.launcher, run.world_size, options, run.ranks, time.monotonic() - start, run.note, run.timed_out,
         problems, details=run.details, facts=run.facts, checks_passed=checks_passed, reports=runner.reports,

@@ -29,8 +29,11 @@ import pytest
 from nemo_rl_shim.cli import main
 from nemo_rl_shim.cli.hang_report.folder import find_run
 from nemo_rl_shim.cli.main import PREFLIGHT_EXIT_CODES, TRACEBACK_ENV, build_parser
+from nemo_rl_shim.cli.preflight import build_options
 from nemo_rl_shim.cli.preflight.nemo_rl_setup import nemo_rl_missing
 from nemo_rl_shim.cli.preflight.options import RAY_EXTRA_MISSING
+from nemo_rl_shim.cli.preflight.run import _within
+from nemo_rl_shim.cli.preflight.stuck import past_deadline
 from nemo_rl_shim.flight_recorder.stack_watchdog import _rank_of as stack_rank_of
 from tests.harness.hostile_inputs import interpolation_bomb
 from tests.harness.paths import REPO_ROOT
@@ -272,3 +275,19 @@ def test_the_exit_code_table_covers_every_outcome_in_the_help_and_the_docs() -> 
     ):
         assert words in help_text, words
         assert words in " ".join(docs.split()), words
+
+
+def test_the_ranks_get_what_is_left_of_the_bound_and_their_line_says_so() -> None:
+    options = build_options(timeout_s=60)
+    given = _within(options, time.monotonic() + 30)
+    assert 29 <= given.timeout_s <= 30 and given.timeout_whole_s == 60
+    assert _within(options, None) is options
+    assert past_deadline([0, 1], 29.5, whole_s=60) == (
+        "ranks 0-1 did not finish within 29.5 s (what --timeout-s 60 left for the ranks): a rank is stuck at start-up "
+        "or in a collective"
+    )
+    assert (
+        past_deadline([0], 60, "x", whole_s=60)
+        == past_deadline([0], 60, "x")
+        == ("rank 0 did not finish within 60 s (--timeout-s): x")
+    )
