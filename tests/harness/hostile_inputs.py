@@ -1,5 +1,5 @@
-"""The hostile inputs of #33's "Why", each built in a folder, and the command that reads it run under a 6 GiB
-address-space cap, timed and measured.
+"""The hostile inputs of #33's "Why" (and #46's recipes), each built in a folder, and the command that reads it run
+under a 6 GiB address-space cap, timed and measured.
 
 Each :class:`Case` builds its input under a folder (NCCL-format dumps from :mod:`tests.harness.nccl_scenarios`,
 changed the way an attacker or a broken writer would) and says what the command must end with: its exit code and
@@ -271,6 +271,22 @@ def _alias_bomb(base: Path) -> list[str]:
     return ["preflight", "--config", str(base / "bomb.yaml")]
 
 
+def _interpolation_bomb(base: Path) -> list[str]:
+    (base / "bomb.yaml").write_text(interpolation_bomb(16))
+    return ["preflight", "--config", str(base / "bomb.yaml"), "--timeout-s", "10"]
+
+
+def _many_keys(base: Path) -> list[str]:
+    (base / "keys.yaml").write_text("big:\n" + "".join(f"  k{i}: {i}\n" for i in range(500_000)))
+    return ["preflight", "--config", str(base / "keys.yaml")]
+
+
+def _deep_defaults(base: Path) -> list[str]:
+    for i in range(2000):
+        (base / f"c{i}.yaml").write_text(f"defaults: c{i + 1}.yaml\nk{i}: {i}\n" if i < 1999 else "policy: {}\n")
+    return ["preflight", "--config", str(base / "c0.yaml")]
+
+
 def _non_utf8_folder(base: Path) -> list[str]:
     folder = Path(os.fsdecode(bytes(base) + b"/run\xff\x1b[2J"))
     shutil.move(str(_stall(base)), folder)
@@ -316,6 +332,12 @@ CASES: list[Case] = [
          (f"{PREFIX}4: rank 4 is outside the world of 4 ranks", "(and 99,999 more files)")),
     Case("YAML alias bomb", "a 540-byte YAML alias bomb given to preflight --config", _alias_bomb, 2,
          ("its aliases expand to more than 50,000 nodes: refused",)),
+    Case("interpolation bomb", "a 452-byte recipe whose 16 keys each add the one before to itself, --timeout-s 10",
+         _interpolation_bomb, 2, ("bomb.yaml", "${...} interpolations")),
+    Case("500,000 keys", "an 8.8 MB recipe of 500,000 keys and no alias", _many_keys, 2,
+         ("keys.yaml: holds more than 50,000 YAML nodes (keys, values and lists",)),
+    Case("2,000-file defaults chain", "a defaults: chain of 2,000 files", _deep_defaults, 2,
+         ("c32.yaml (33 files): a defaults chain deeper than 32 files",)),
     Case("/dev/urandom as --config", "/dev/urandom as --config",
          lambda base: ["preflight", "--config", "/dev/urandom"], 2, ("/dev/urandom is a character device",)),
     Case("rank of 5,000 digits", "an integer beyond Python's 4,300 digits as a rank",
