@@ -291,3 +291,24 @@ def test_the_ranks_get_what_is_left_of_the_bound_and_their_line_says_so() -> Non
         == past_deadline([0], 60, "x")
         == ("rank 0 did not finish within 60 s (--timeout-s): x")
     )
+
+
+def test_a_rank_whose_set_up_import_exits_is_a_failed_rank_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past the command's own check, NeMo RL's set-up module is imported by every rank: a SystemExit there is that
+    rank's failure (exit 1), its last line the report's (the rank's entry point catches every BaseException)."""
+    from nemo_rl_shim.cli.preflight import _rank
+    from nemo_rl_shim.cli.preflight.rendezvous import PORT_FILE_ENV
+    from nemo_rl_shim.cli.preflight.report import find_problems
+    from nemo_rl_shim.cli.preflight.results import RankFailed
+
+    (tmp_path / "setup_that_exits.py").write_text("raise SystemExit(3)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delenv(PORT_FILE_ENV, raising=False)  # no rendezvous: the rank's target fails before one
+    params = tmp_path / "params.json"
+    params.write_text("{}")
+    payload, code = _rank._run("setup_that_exits:check", str(params))
+    assert code == 1 and payload["error"].strip().splitlines()[-1] == "SystemExit: 3"
+    problems = find_problems([RankFailed(0, payload["error"]), RankFailed(1, payload["error"])], build_options())
+    assert problems == ["rank failed: SystemExit: 3 (ranks 0-1)"], problems
