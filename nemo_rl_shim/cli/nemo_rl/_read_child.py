@@ -60,10 +60,21 @@ def _cpu_budget(seconds: float) -> Iterator[None]:
         signal.setitimer(signal.ITIMER_PROF, 0)
 
 
+def _address_space() -> int:
+    """This process's address space now, in bytes (0 where ``/proc`` cannot say)."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as statm:
+            return int(statm.read().split()[0]) * resource.getpagesize()
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def _limit_memory() -> None:
+    """:data:`READ_MEMORY_BYTES` on top of what the interpreter already holds (an environment whose start-up imports
+    more, a ``.pth`` that loads a large library, must not read as a recipe that needed memory)."""
     _, hard = resource.getrlimit(resource.RLIMIT_AS)
-    cap = READ_MEMORY_BYTES if hard == resource.RLIM_INFINITY else min(READ_MEMORY_BYTES, hard)
-    resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+    cap = _address_space() + READ_MEMORY_BYTES
+    resource.setrlimit(resource.RLIMIT_AS, (cap if hard == resource.RLIM_INFINITY else min(cap, hard), hard))
 
 
 def _read(path: str, overrides: list[str], reading: RecipeReading) -> dict[str, Any]:

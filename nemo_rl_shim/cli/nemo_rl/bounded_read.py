@@ -7,7 +7,7 @@ it from outside; a child process can be stopped whatever it is doing. :func:`rea
 (:func:`~.recipe.load_recipe_config`, then :func:`~.recipe.resolve`) in a fresh interpreter
 (:mod:`._read_child`), which:
 
-* limits its own address space to :data:`READ_MEMORY_BYTES`;
+* limits its own address space to :data:`READ_MEMORY_BYTES` more than it holds once started;
 * loads the files and their ``defaults:`` (under the node, depth and file budgets of :mod:`.recipe`) within
   :data:`LOAD_CPU_S` of CPU;
 * resolves the interpolations within :func:`resolve_cpu_s` of CPU: :data:`RESOLVE_CPU_BASE_S`, and
@@ -55,7 +55,7 @@ LOAD_CPU_S = 10.0
 RESOLVE_CPU_BASE_S = 2.0
 #: ... and for each byte of its files (0.2 ms a byte: 7.7 s more for NeMo RL's largest recipe, 38 KB).
 RESOLVE_CPU_S_PER_BYTE = 0.0002
-#: The child's address space (``RLIMIT_AS``): its interpreter, OmegaConf and Hydra take about 100 MB of it.
+#: The address space the child may add to what its interpreter holds when the reading starts (``RLIMIT_AS``).
 READ_MEMORY_BYTES = 1 << 30
 #: How deep a config may nest (the JSON that carries it back is read recursively; NeMo RL's nest about 8 deep).
 MAX_DEPTH = 64
