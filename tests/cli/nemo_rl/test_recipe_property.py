@@ -149,6 +149,8 @@ def test_every_recipe_ends_in_a_defined_exit(texts: dict[str, str], capfd: pytes
         out, err = capfd.readouterr()
         said = f"exit {code} after {seconds:.1f} s\n{texts}\n--- stdout\n{out[-1500:]}\n--- stderr\n{err[-3000:]}"
         event(f"exit {code}")  # --hypothesis-show-statistics counts them
+        if "l1: ${add:" in texts["f0.yaml"]:  # how an interpolation bomb ended
+            event(f"interpolation bomb, exit {code}" + (", its CPU budget" if "s of CPU" in err else ""))
         if code == 2:
             event("refused: " + err.strip().splitlines()[-1].split("yaml: ")[-1][:70])
         _check(code, out, err, folder, seconds, said)
