@@ -105,9 +105,10 @@ exit codes:
      or no timeout is configured (distributed_timeout_minutes null or unset, as in examples/grpo.yaml):
      the groups are built and work, at torch's defaults ("no timeout configured: torch's defaults apply")
   1  a problem found: a group at torch's default or without the timeout, a collective that failed or hung,
-     a rank stuck (named, when --timeout-s runs out while the ranks run), or the config's job does not run
-     on the checked path; or --timeout-s ran out while importing torch or writing the report; or preflight
-     itself failed (one line; NEMO_RL_SHIM_TRACEBACK=1 adds the traceback)
+     a rank that failed (NeMo RL's set-up module raising or exiting as a rank imports it included) or was
+     stuck (named, when --timeout-s runs out while the ranks run), or the config's job does not run on the
+     checked path; or --timeout-s ran out while importing torch or writing the report, or before the ranks
+     started; or preflight itself failed (one line; NEMO_RL_SHIM_TRACEBACK=1 adds the traceback)
   2  bad input, one line naming it: arguments (numbers in ASCII digits), a recipe file, override, value or
      layout; a recipe past its budget (YAML nodes, aliases, defaults depth or files, the CPU or memory its
      interpolations take); --timeout-s ran out while reading the recipe or trying NeMo RL's import; NeMo RL
