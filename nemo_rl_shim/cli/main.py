@@ -7,7 +7,14 @@ Argument parsing and printing only; the work is in :mod:`nemo_rl_shim.cli.status
 cannot be read (one line on stderr).
 
 Each subcommand's package is imported by the function that runs it, and this module imports only the standard
-library: ``hang-report`` imports no torch (``status`` and ``preflight`` do, when they run).
+library and two small modules that do too (:mod:`.command_clock`, :mod:`nemo_rl_shim.one_line.exception`):
+``hang-report`` imports no torch (``status`` and ``preflight`` do, when they run).
+
+``preflight --timeout-s`` bounds the whole command (:class:`~nemo_rl_shim.cli.command_clock.CommandClock`): reading
+the recipe (in a bounded child process, before torch is imported), the imports, the ranks and the report; where it
+runs out, one line names the phase, with exit 2 where the input could not be read in time and 1 otherwise. No
+traceback reaches the user: an error of preflight itself is one line (``NEMO_RL_SHIM_TRACEBACK=1`` adds the
+traceback).
 
 The report (table or JSON) is the only thing on standard output: while a command runs,
 file descriptor 1 points at standard error, so whatever a library prints there (Gloo on
@@ -29,8 +36,10 @@ import traceback
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO
+
+from nemo_rl_shim.cli.command_clock import CommandClock, Phase
+from nemo_rl_shim.one_line.exception import first_line
 
 if TYPE_CHECKING:
     from nemo_rl_shim.cli.preflight import PreflightReport
@@ -62,13 +71,50 @@ class _Parser(argparse.ArgumentParser):
         raise BadArguments(message)
 
 
-def _positive_int(text: str) -> int:
-    from nemo_rl_shim.config.integers import is_positive_int
+def _count(text: str) -> int:
+    """A whole number in ASCII digits; ``٨``, ``+8``, `` 8`` and ``8_0`` are refused (see config.numbers)."""
+    from nemo_rl_shim.config.numbers import ascii_int
 
-    value = int(text)
-    if not is_positive_int(value):
+    value = ascii_int(text)
+    if value is None:
+        raise argparse.ArgumentTypeError(f"must be a whole number in ASCII digits (0-9), got {text[:40]!r}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = _count(text)
+    if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
     return value
+
+
+def _number(text: str) -> float:
+    """A decimal number in ASCII (``45``, ``0.5``, ``-1``, ``1e3``); ``٤٥``, ``nan``, ``inf``, ``4_5`` are refused."""
+    from nemo_rl_shim.config.numbers import ascii_number
+
+    value = ascii_number(text)
+    if value is None:
+        raise argparse.ArgumentTypeError(f"must be a number in ASCII digits (45, 0.5, 1e3), got {text[:40]!r}")
+    return value
+
+
+#: ``preflight``'s exit codes, every outcome (``preflight --help``; the same table is in docs/preflight.md).
+PREFLIGHT_EXIT_CODES = """\
+exit codes:
+  0  every group torch holds carries the configured timeout on every backend and every collective ran;
+     or no timeout is configured (distributed_timeout_minutes null or unset, as in examples/grpo.yaml):
+     the groups are built and work, at torch's defaults ("no timeout configured: torch's defaults apply")
+  1  a problem found: a group at torch's default or without the timeout, a collective that failed or hung,
+     a rank that failed (NeMo RL's set-up module raising or exiting as a rank imports it included) or was
+     stuck (named, when --timeout-s runs out while the ranks run), or the config's job does not run on the
+     checked path; or --timeout-s ran out while importing torch or writing the report, or before the ranks
+     started; or preflight itself failed (one line; NEMO_RL_SHIM_TRACEBACK=1 adds the traceback)
+  2  bad input, one line naming it: arguments (numbers in ASCII digits), a recipe file, override, value or
+     layout; a recipe past its budget (YAML nodes, aliases, defaults depth or files, the CPU or memory its
+     interpolations take); --timeout-s ran out while reading the recipe or trying NeMo RL's import; NeMo RL
+     not importable (--setup nemo-rl: its import failed, exited or hung); --ray without the ray extra or
+     without a cluster; a world larger than the runner can start; a dry run estimated past --timeout-s
+"""
 
 
 def _add_preflight(subparsers: argparse._SubParsersAction) -> None:
@@ -78,6 +124,8 @@ def _add_preflight(subparsers: argparse._SubParsersAction) -> None:
         description="Start local ranks (one per GPU, or 2 CPU ranks) with the real setup_distributed, or join "
         "the torchrun/srun world this runs in, and check every process group's backends, timeouts and "
         "collectives. Without --config: 45 min, CPU offload on, patch_automodel true.",
+        epilog=PREFLIGHT_EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
         "--config",
@@ -106,9 +154,9 @@ def _add_preflight(subparsers: argparse._SubParsersAction) -> None:
 def _add_section_flags(p: argparse.ArgumentParser) -> None:
     """The flags that set keys of the role's section."""
     p.add_argument("--role", choices=("policy", "value"), default="policy", help="config section (default policy)")
-    p.add_argument("--timeout-minutes", type=float, help="automodel_cfg.distributed_timeout_minutes")
+    p.add_argument("--timeout-minutes", type=_number, help="automodel_cfg.distributed_timeout_minutes")
     p.add_argument(
-        "--timeout-minutes-after-init", type=float, help="automodel_cfg.distributed_timeout_minutes_after_init"
+        "--timeout-minutes-after-init", type=_number, help="automodel_cfg.distributed_timeout_minutes_after_init"
     )
     p.add_argument("--cpu-offload", action=argparse.BooleanOptionalAction, default=None, help="dtensor_cfg.cpu_offload")
     p.add_argument("--tp", type=_positive_int, help="dtensor_cfg.tensor_parallel_size")
@@ -125,8 +173,14 @@ def _add_section_flags(p: argparse.ArgumentParser) -> None:
 
 def _add_run_flags(p: argparse.ArgumentParser) -> None:
     """The flags that choose where and how the ranks run, and the report."""
-    p.add_argument("--nproc", type=int, help="local ranks to spawn (default: one per GPU, or 2 on CPU)")
-    p.add_argument("--timeout-s", type=float, default=300.0, help="bound on the whole run (default 300)")
+    p.add_argument("--nproc", type=_count, help="local ranks to spawn (default: one per GPU, or 2 on CPU)")
+    p.add_argument(
+        "--timeout-s",
+        type=_number,
+        default=300.0,
+        help="bound on the whole command: reading the recipe, the imports (NeMo RL's with --setup nemo-rl), the "
+        "ranks (they get what is left), the report (default 300)",
+    )
     p.add_argument(
         "--ray",
         nargs="?",
@@ -157,8 +211,8 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     # Fault injection for tests: this rank sleeps after set-up, so its peers wait on it in a collective.
-    p.add_argument("--stall-rank", type=int, help=argparse.SUPPRESS)
-    p.add_argument("--stall-s", type=float, default=0.0, help=argparse.SUPPRESS)
+    p.add_argument("--stall-rank", type=_count, help=argparse.SUPPRESS)
+    p.add_argument("--stall-s", type=_number, default=0.0, help=argparse.SUPPRESS)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -166,7 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True)
     status = subparsers.add_parser("status", help="versions, what setup_distributed would decide, workarounds")
     status.add_argument("--json", action="store_true", help="print JSON")
-    status.add_argument("--timeout-minutes", type=float, default=45.0, help="sample timeout (default 45)")
+    status.add_argument("--timeout-minutes", type=_number, default=45.0, help="sample timeout (default 45)")
     _add_preflight(subparsers)
     hang = subparsers.add_parser(
         "hang-report",
@@ -199,9 +253,12 @@ _MAX_WORLD = 1 << 20
 
 
 def _world_size(text: str) -> int:
-    if not text.isdigit() or len(text) > 8 or not 0 < int(text) <= _MAX_WORLD:
-        raise argparse.ArgumentTypeError(f"a world of 1 to {_MAX_WORLD:,} ranks, got {text[:40]!r}")
-    return int(text)
+    from nemo_rl_shim.config.numbers import ascii_int
+
+    value = ascii_int(text)
+    if value is None or not 0 < value <= _MAX_WORLD:
+        raise argparse.ArgumentTypeError(f"a world of 1 to {_MAX_WORLD:,} ranks in ASCII digits, got {text[:40]!r}")
+    return value
 
 
 def _progress(message: str) -> None:
@@ -260,6 +317,8 @@ def _refuse(args: argparse.Namespace, out: TextIO, problem: str, code: int) -> i
 
 
 def _usage_problem(args: argparse.Namespace) -> str | None:
+    if not args.timeout_s > 0:
+        return f"--timeout-s must be a positive number of seconds, got {args.timeout_s:g}"
     if args.ranks is not None and not args.dry_run:
         return "--ranks chooses the ranks of a dry run: add --dry-run, or leave --ranks out"
     if args.dry_run and args.ray is not None:
@@ -272,26 +331,34 @@ def _usage_problem(args: argparse.Namespace) -> str | None:
     return None
 
 
-def _config_file_problem(path: str | None) -> str | None:
-    """The config file itself, read before torch is imported: a FIFO, a device or an alias bomb is refused at once.
-    A missing file, or YAML that does not parse, is left to the full reading, which names the chain of files."""
-    if path is None or not os.path.lexists(path):
-        return None
-    from nemo_rl_shim.cli.nemo_rl.config_file import ConfigFileError, load_yaml
+#: ``1`` prints the traceback of an error of preflight itself (else one line says it, and this variable).
+TRACEBACK_ENV = "NEMO_RL_SHIM_TRACEBACK"
 
+#: The phases of ``preflight``, each with its exit code when ``--timeout-s`` runs out in it: 2 where the input could
+#: not be read in time, 1 otherwise. The ranks' runner ends its own ranks at the deadline (exit 1, naming them) and
+#: cleans up: the watchdog gives it the Ray runner's clean-up time (``WATCHDOG_GRACE_S``, 60 s) on top.
+READING = Phase("reading the recipe", EXIT_USAGE)
+IMPORTING = Phase("importing torch and the checks", EXIT_FAILED)
+CHECKING = Phase("checking the options (with --setup nemo-rl, trying NeMo RL's import)", EXIT_USAGE)
+RANKS = Phase("running the ranks", EXIT_FAILED, slack_s=65.0)
+REPORTING = Phase("writing the report", EXIT_FAILED)
+
+
+def _read_recipe(args: argparse.Namespace, clock: CommandClock) -> dict[str, Any] | None:
+    """The recipe, read before torch is imported, in a bounded child (``ValueError``: one line, exit 2)."""
+    from nemo_rl_shim.cli.nemo_rl import RecipeTimedOut, read_config
+
+    clock.enter(READING)
     try:
-        load_yaml(Path(path))
-    except ConfigFileError as e:
-        return str(e)
-    except Exception:  # YAML or OmegaConf's own error: the full reading says it, with the chain of files
-        return None
-    return None
+        return read_config(args.config, args.overrides, timeout_s=clock.left())
+    except RecipeTimedOut as e:
+        raise ValueError(f"{clock.ran_out(READING)}: {e}") from None
 
 
-def _run_preflight(args: argparse.Namespace, out: TextIO) -> PreflightReport:
-    """The report of the run ``args`` ask for (``ValueError``/``OSError``: bad input)."""
+def _options(args: argparse.Namespace, config: dict[str, Any] | None, clock: CommandClock) -> Any:
     from nemo_rl_shim.cli import preflight
 
+    clock.enter(CHECKING)
     overrides = {
         key: getattr(args, key)
         for key in ("timeout_minutes", "timeout_minutes_after_init", "cpu_offload", "tp", "cp", "ep", "dp_replicate")
@@ -301,30 +368,89 @@ def _run_preflight(args: argparse.Namespace, out: TextIO) -> PreflightReport:
     options = preflight.build_options(
         args.config, args.role, overrides=overrides, patch=not args.no_patch, nproc=args.nproc,
         timeout_s=args.timeout_s, stall_rank=args.stall_rank, stall_s=args.stall_s, ray_address=args.ray,
-        recipe_overrides=args.overrides, world=args.world, setup=args.setup,
+        recipe_overrides=args.overrides, world=args.world, setup=args.setup, config=config, deadline=clock.deadline,
     )  # fmt: skip
     if args.dry_run:
         options = dataclasses.replace(options, dry_run=True, all_ranks=args.ranks == "all")
+    return options
+
+
+def _run_preflight(args: argparse.Namespace, out: TextIO, clock: CommandClock) -> PreflightReport:
+    """The report of the run ``args`` ask for (``ValueError``/``OSError``: bad input), phase by phase on ``clock``."""
+    config = _read_recipe(args, clock)
+    clock.enter(IMPORTING)
+    from nemo_rl_shim.cli import preflight
+
+    options = _options(args, config, clock)
+    if clock.left() <= 0:  # the options are good: no rank had the time to start
+        raise _RanOut(f"--timeout-s {args.timeout_s:g} ran out before the ranks started", EXIT_FAILED)
 
     def last_words(line: str) -> None:  # a watchdog ends the process: the JSON report's stand-in
         print(json.dumps(failure_json(line, EXIT_FAILED), indent=2), file=out, flush=True)
 
-    return preflight.run_preflight(options, progress=_progress, last_words=last_words if args.json else None)
+    clock.enter(RANKS)
+    report = preflight.run_preflight(
+        options, progress=_progress, last_words=last_words if args.json else None, deadline=clock.deadline
+    )
+    clock.enter(REPORTING)
+    return report
+
+
+class _RanOut(Exception):
+    """``--timeout-s`` ran out between phases: the line and the exit code."""
+
+    def __init__(self, line: str, code: int) -> None:
+        super().__init__(line)
+        self.code = code
+
+
+def _failed_itself(args: argparse.Namespace, out: TextIO, error: Exception) -> int:
+    """An error of preflight itself, not a finding of the checks: one line (the traceback where asked), exit 1."""
+    if os.environ.get(TRACEBACK_ENV) == "1":
+        traceback.print_exc(file=sys.stderr)
+    where = "" if os.environ.get(TRACEBACK_ENV) == "1" else f" ({TRACEBACK_ENV}=1 prints the traceback)"
+    problem = f"preflight itself failed: {first_line(error)}{where}"
+    return _refuse(args, out, problem, EXIT_FAILED)
+
+
+def _checked_run(args: argparse.Namespace, out: TextIO, clock: CommandClock) -> PreflightReport | int:
+    """The report, or the exit code of a run that ended without one (its line already said)."""
+    try:
+        return _run_preflight(args, out, clock)
+    except _RanOut as e:
+        return _refuse(args, out, str(e), e.code)
+    except (OSError, ValueError) as e:
+        return _refuse(args, out, first_line(e, with_type=False), EXIT_USAGE)
+    except RecursionError as e:  # a config nested past what the checks can walk: bad input
+        return _refuse(args, out, f"the config is nested too deep to check ({first_line(e)})", EXIT_USAGE)
+    except Exception as e:  # not a finding of the checks: say so, and never exit 0
+        return _failed_itself(args, out, e)
 
 
 def _preflight(args: argparse.Namespace, out: TextIO) -> int:
-    problem = _usage_problem(args) or _config_file_problem(args.config)
+    problem = _usage_problem(args)
     if problem is not None:
         return _refuse(args, out, problem, EXIT_USAGE)
+    clock = CommandClock(args.timeout_s)
+
+    def last_words(line: str, code: int) -> None:  # the watchdog ends the process: the JSON report's stand-in
+        if args.json:
+            print(json.dumps(failure_json(line, code), indent=2), file=out, flush=True)
+
+    clock.watch(last_words)
+    try:
+        report = _checked_run(args, out, clock)
+        if isinstance(report, int):
+            return report
+        return _finish(args, out, report)
+    finally:
+        clock.stop()
+
+
+def _finish(args: argparse.Namespace, out: TextIO, report: PreflightReport) -> int:
+    """Print the report (where this process is the one that reports); the exit code."""
     from nemo_rl_shim.cli import preflight
 
-    try:
-        report = _run_preflight(args, out)
-    except (OSError, ValueError) as e:
-        return _refuse(args, out, str(e), EXIT_USAGE)
-    except Exception as e:  # not a finding of the checks: say so, with the traceback, and never exit 0
-        traceback.print_exc(file=sys.stderr)
-        return _refuse(args, out, f"preflight itself failed: {type(e).__name__}: {e}", EXIT_FAILED)
     if report.reports:  # the runner's word: every runner's one process, or rank 0 of a launcher's world
         text = json.dumps(report.to_json(), indent=2, default=str) if args.json else preflight.render_report(report)
         print(text, file=out)

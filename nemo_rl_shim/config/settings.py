@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, NotRequired, TypedDict
 
-from nemo_rl_shim.config.integers import is_positive_int
+from nemo_rl_shim.config.numbers import plain_float, plain_int, shown
 
 __all__ = [
     "AUTOMODEL_CFG_KEYS",
@@ -104,26 +104,29 @@ def automodel_cfg(config: Mapping[str, Any], role: Role = "policy") -> Mapping[s
 
 
 def _positive_minutes(value: Any, key: str) -> float | None:
+    """``value`` read once as a plain float (:func:`~nemo_rl_shim.config.numbers.plain_float`), then checked: the
+    float returned is the one checked."""
     if value is None:
         return None
     rule = f"{key} must be a positive number of minutes"
-    # bool is an int subclass: True would silently mean one minute.
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{rule}, got {value!r} ({type(value).__name__})")
-    if math.isnan(value) or math.isinf(value) or value <= 0:
-        raise ValueError(f"{rule}, got {value!r}")
-    if value > _MAX_MINUTES:
-        raise ValueError(f"{rule} no larger than {_MAX_MINUTES:.0f} (datetime.timedelta's limit), got {value!r}")
+    # bool is an int subclass: True would silently mean one minute (plain_float refuses it).
+    minutes = plain_float(value)
+    if minutes is None:
+        raise ValueError(f"{rule}, got {shown(value)} ({type(value).__name__})")
+    if math.isnan(minutes) or math.isinf(minutes) or minutes <= 0:
+        raise ValueError(f"{rule}, got {shown(value)}")
+    if minutes > _MAX_MINUTES:
+        raise ValueError(f"{rule} no larger than {_MAX_MINUTES:.0f} (datetime.timedelta's limit), got {shown(value)}")
     try:
-        timeout = datetime.timedelta(minutes=value)
+        timeout = datetime.timedelta(minutes=minutes)
     except OverflowError as e:
-        raise ValueError(f"{rule} that datetime.timedelta can hold, got {value!r}") from e
+        raise ValueError(f"{rule} that datetime.timedelta can hold, got {shown(value)}") from e
     if timeout < MIN_TIMEOUT:
         raise ValueError(
-            f"{rule}, got {value!r}: that is {timeout.total_seconds() * 1000:g} ms, and torch keeps process-group "
+            f"{rule}, got {shown(value)}: that is {timeout.total_seconds() * 1000:g} ms, and torch keeps process-group "
             "timeouts in whole milliseconds, so it would be 0 and every collective would time out at once"
         )
-    return float(value)
+    return minutes
 
 
 def minutes_timedelta(value: Any, key: str) -> datetime.timedelta:
@@ -223,9 +226,11 @@ def flight_recorder(cfg: Mapping[str, Any], where: str = "policy.automodel_cfg")
     values = {**FLIGHT_RECORDER_DEFAULTS, **{k: v for k, v in block.items() if v is not None}}
     if not isinstance(values["enabled"], bool):
         raise ValueError(f"{key}.enabled must be true or false, got {values['enabled']!r}")
-    size = values["buffer_size"]
-    if not is_positive_int(size):
-        raise ValueError(f"{key}.buffer_size must be a positive integer (entries per rank), got {size!r}")
+    size = plain_int(values["buffer_size"])
+    if size is None or size < 1:
+        raise ValueError(
+            f"{key}.buffer_size must be a positive integer (entries per rank), got {shown(values['buffer_size'])}"
+        )
     if values["dump_dir"] is not None:
         _check_dir_name(values["dump_dir"], f"{key}.dump_dir")
     if not values["enabled"]:
@@ -261,11 +266,12 @@ class LearnedTimeoutsSettings:
 
 def _factor(value: Any, key: str) -> float:
     rule = f"{key} must be a number greater than 1 (the learned timeout is factor x the longest step)"
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{rule}, got {value!r} ({type(value).__name__})")
-    if math.isnan(value) or math.isinf(value) or value <= 1:
-        raise ValueError(f"{rule}, got {value!r}")
-    return float(value)
+    factor = plain_float(value)
+    if factor is None:
+        raise ValueError(f"{rule}, got {shown(value)} ({type(value).__name__})")
+    if math.isnan(factor) or math.isinf(factor) or factor <= 1:
+        raise ValueError(f"{rule}, got {shown(value)}")
+    return factor
 
 
 def _learned_block(cfg: Mapping[str, Any], key: str) -> Mapping[str, Any] | None:
@@ -310,10 +316,11 @@ def learned_timeouts(cfg: Mapping[str, Any], where: str = "policy.automodel_cfg"
             f"may be), got None"
         )
     values = {**LEARNED_TIMEOUTS_DEFAULTS, **{k: v for k, v in block.items() if v is not None}}
-    min_steps = values["min_steps"]
-    if not is_positive_int(min_steps):
+    min_steps = plain_int(values["min_steps"])
+    if min_steps is None or min_steps < 1:
         raise ValueError(
-            f"{key}.min_steps must be a positive integer (steps before the first agreement), got {min_steps!r}"
+            f"{key}.min_steps must be a positive integer (steps before the first agreement), "
+            f"got {shown(values['min_steps'])}"
         )
     floor = _positive_minutes(values["floor_minutes"], f"{key}.floor_minutes")
     assert floor is not None

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from nemo_rl_shim.config.numbers import ascii_int
 from nemo_rl_shim.flight_recorder import progress_sampler
 from nemo_rl_shim.flight_recorder.names import HEADER, PROGRESS_FILE_NAME, SAMPLE_MARK, STACK_FILE_NAME
 
@@ -290,5 +291,5 @@ def _rank_of(path: Path) -> int | None:
     """The rank a stack file's name gives (None for another name)."""
     prefix, _, suffix = STACK_FILE_NAME.partition("{rank}")
     middle = path.name[len(prefix) : len(path.name) - len(suffix)]
-    ok = path.name.startswith(prefix) and path.name.endswith(suffix) and middle.isdigit()
-    return int(middle) if ok else None
+    ok = path.name.startswith(prefix) and path.name.endswith(suffix)
+    return ascii_int(middle) if ok else None  # ASCII digits only: "²".isdigit() is true, and int("²") fails

@@ -1,5 +1,5 @@
-"""The hostile inputs of #33's "Why", each built in a folder, and the command that reads it run under a 6 GiB
-address-space cap, timed and measured.
+"""The hostile inputs of #33's "Why" (and #46's recipes), each built in a folder, and the command that reads it run
+under a 6 GiB address-space cap, timed and measured.
 
 Each :class:`Case` builds its input under a folder (NCCL-format dumps from :mod:`tests.harness.nccl_scenarios`,
 changed the way an attacker or a broken writer would) and says what the command must end with: its exit code and
@@ -30,7 +30,17 @@ from typing import Any
 from tests.harness.nccl_scenarios import build
 from tests.harness.paths import REPO_ROOT
 
-__all__ = ["ADDRESS_SPACE_CAP", "CASES", "PEAK_MB", "SECONDS", "Case", "Outcome", "alias_bomb", "run_capped"]
+__all__ = [
+    "ADDRESS_SPACE_CAP",
+    "CASES",
+    "PEAK_MB",
+    "SECONDS",
+    "Case",
+    "Outcome",
+    "alias_bomb",
+    "interpolation_bomb",
+    "run_capped",
+]
 
 #: The address space the command runs under (what a shared login node might allow).
 ADDRESS_SPACE_CAP = 6 << 30
@@ -248,9 +258,33 @@ def alias_bomb(levels: int = 10, width: int = 10) -> str:
     return "\n".join(lines) + "\n"
 
 
+def interpolation_bomb(levels: int = 16) -> str:
+    """A recipe whose ``levels`` keys each add the one before to itself (``l2: ${add:${l1},${l1}}``): OmegaConf
+    resolves each use again, so 2**levels resolutions (452 bytes as given)."""
+    lines = ["policy:", "  automodel_cfg: {distributed_timeout_minutes: 45}", "l0: 1"]
+    lines += [f"l{i}: ${{add:${{l{i - 1}}},${{l{i - 1}}}}}" for i in range(1, levels + 1)]
+    return "\n".join(lines) + "\n"
+
+
 def _alias_bomb(base: Path) -> list[str]:
     (base / "bomb.yaml").write_text(alias_bomb())
     return ["preflight", "--config", str(base / "bomb.yaml")]
+
+
+def _interpolation_bomb(base: Path) -> list[str]:
+    (base / "bomb.yaml").write_text(interpolation_bomb(16))
+    return ["preflight", "--config", str(base / "bomb.yaml"), "--timeout-s", "10"]
+
+
+def _many_keys(base: Path) -> list[str]:
+    (base / "keys.yaml").write_text("big:\n" + "".join(f"  k{i}: {i}\n" for i in range(500_000)))
+    return ["preflight", "--config", str(base / "keys.yaml")]
+
+
+def _deep_defaults(base: Path) -> list[str]:
+    for i in range(2000):
+        (base / f"c{i}.yaml").write_text(f"defaults: c{i + 1}.yaml\nk{i}: {i}\n" if i < 1999 else "policy: {}\n")
+    return ["preflight", "--config", str(base / "c0.yaml")]
 
 
 def _non_utf8_folder(base: Path) -> list[str]:
@@ -297,7 +331,13 @@ CASES: list[Case] = [
     Case("100,000 stray dumps", "100,000 tiny dumps for ranks beyond the world", _stray_dumps, 2,
          (f"{PREFIX}4: rank 4 is outside the world of 4 ranks", "(and 99,999 more files)")),
     Case("YAML alias bomb", "a 540-byte YAML alias bomb given to preflight --config", _alias_bomb, 2,
-         ("its aliases expand to more than 1,000,000 nodes: refused",)),
+         ("its aliases expand to more than 50,000 nodes: refused",)),
+    Case("interpolation bomb", "a 452-byte recipe whose 16 keys each add the one before to itself, --timeout-s 10",
+         _interpolation_bomb, 2, ("bomb.yaml", "${...} interpolations")),
+    Case("500,000 keys", "an 8.8 MB recipe of 500,000 keys and no alias", _many_keys, 2,
+         ("keys.yaml: holds more than 50,000 YAML nodes (keys, values and lists",)),
+    Case("2,000-file defaults chain", "a defaults: chain of 2,000 files", _deep_defaults, 2,
+         ("c32.yaml (33 files): a defaults chain deeper than 32 files",)),
     Case("/dev/urandom as --config", "/dev/urandom as --config",
          lambda base: ["preflight", "--config", "/dev/urandom"], 2, ("/dev/urandom is a character device",)),
     Case("rank of 5,000 digits", "an integer beyond Python's 4,300 digits as a rank",

@@ -57,6 +57,7 @@ from nemo_rl_shim.cli.hang_report.group_records import (
 from nemo_rl_shim.cli.hang_report.records import DumpError, Entry, GroupFacts, GroupKey, P2PKey, RankDump, Recorder
 from nemo_rl_shim.cli.hang_report.safe_pickle import RefusedPickle, load_plain
 from nemo_rl_shim.cli.untrusted_file import UntrustedFileError, read_untrusted
+from nemo_rl_shim.config.numbers import ascii_int
 from nemo_rl_shim.flight_recorder.names import ENV_PAIRS, PG_STATUS_KEY
 from nemo_rl_shim.one_line.exception import first_line
 from nemo_rl_shim.one_line.printable import clean, shown, shown_path
@@ -111,8 +112,9 @@ def dump_cap(environ: Mapping[str, str] | None = None) -> tuple[int, str]:
     buffer = DEFAULT_BUFFER
     for name in ENV_PAIRS["buffer_size"]:
         value = env.get(name, "")
-        if value.isdigit() and len(value) < 10:
-            buffer = max(buffer, int(value))
+        given = ascii_int(value)
+        if given is not None and given < 10**9:
+            buffer = max(buffer, given)
             break
     cap = RECORDERS * buffer * ENTRY_BYTES + REST_BYTES
     how = f"{RECORDERS} recorders x {buffer:,} entries (TORCH_FR_BUFFER_SIZE, or torch's default) x 16 KiB + 64 MiB"
@@ -188,7 +190,8 @@ def op_name(profiling_name: str) -> tuple[str, str, int | None]:
     for arrow in ("->", "<-"):
         if arrow in where:
             with_peer = where.split(arrow, 1)[1]
-            peer = int(with_peer) if with_peer.isdigit() and len(with_peer) < 8 else None
+            given = ascii_int(with_peer)  # "²".isdigit() is true, and int("²") fails
+            peer = given if given is not None and given < 10**7 else None
     return lib, op, peer
 
 

@@ -36,9 +36,9 @@ __all__ = ["RANK_DIGITS", "RunFiles", "dump_prefixes", "find_run", "stack_files"
 #: A rank in a file name has at most this many digits (an int of more is not a rank, and ``int()`` of thousands of
 #: digits is refused by Python itself).
 RANK_DIGITS = 18
-_DUMP = re.compile(r"(?P<prefix>[^.].*?)(?P<rank>\d+)")
-_SIDECAR = re.compile(re.escape(SIDECAR_NAME).replace(re.escape("{rank}"), r"(?P<rank>\d{1,18})"))
-_STACK = re.compile(re.escape(STACK_FILE_NAME).replace(re.escape("{rank}"), r"(?P<rank>\d{1,9})"))
+_DUMP = re.compile(r"(?P<prefix>[^.].*?)(?P<rank>[0-9]+)")  # ASCII digits: int() also reads "٣" as 3
+_SIDECAR = re.compile(re.escape(SIDECAR_NAME).replace(re.escape("{rank}"), r"(?P<rank>[0-9]{1,18})"))
+_STACK = re.compile(re.escape(STACK_FILE_NAME).replace(re.escape("{rank}"), r"(?P<rank>[0-9]{1,9})"))
 
 
 @dataclass

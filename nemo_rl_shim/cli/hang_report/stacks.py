@@ -67,7 +67,7 @@ _THREAD = re.compile(
     r"|(?P<single>Stack) \(most recent call first\):)$",
     re.MULTILINE,
 )
-_FRAME = re.compile(r'^  File "(.*)", line (\d+|\?\?\?) in (.*)$', re.MULTILINE)
+_FRAME = re.compile(r'^  File "(.*)", line ([0-9]+|\?\?\?) in (.*)$', re.MULTILINE)
 #: Lines that start a new dump in one file: faulthandler's own (the watchdog's first sample; a plain faulthandler
 #: user's file, re-armed without emptying it) and the stack watch's mark before each further sample.
 _DUMP_START = re.compile(

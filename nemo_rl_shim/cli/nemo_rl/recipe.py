@@ -22,11 +22,20 @@ resolve=True)``. Our own code, not a copy; what differs is only what happens on 
   ``register_omegaconf_resolvers``: a resolver of the same name that is already registered
   is kept, not replaced.
 
-Each file is read bounded (:mod:`.config_file`: a regular file under a size cap, UTF-8, its YAML aliases counted:
-a FIFO, a device or an alias bomb is refused in milliseconds). Errors are :class:`RecipeError` (a ``ValueError``),
-one line naming the file chain or the override: a missing parent (``a.yaml -> b.yaml -> missing.yaml: no such
-file``), a cycle in ``defaults`` (NeMo RL would recurse until Python's limit), a bad override (quoted), or an
-interpolation that cannot be resolved (its key named).
+Each file is read bounded (:mod:`.config_file`: a regular file under a size cap, UTF-8, its YAML nodes counted:
+a FIFO, a device or an alias bomb is refused in milliseconds), and the recipe as a whole has a budget, each rule
+refused with its own words: at most :data:`~.config_file.MAX_RECIPE_NODES` YAML nodes over every file it reads
+(:class:`~.config_file.NodeBudget`: the keys rule, and the aliases rule), a ``defaults:`` chain at most
+:data:`MAX_DEFAULTS_DEPTH` files deep (NeMo RL would recurse until Python's limit: a 2,000-file chain gave a
+``RecursionError``) and at most :data:`MAX_RECIPE_FILES` file reads (a file that names one parent twice, whose
+parent does too, doubles them at every level). The time its interpolations take is not bounded here: OmegaConf
+resolves ``${a}`` again at each use, so a key that adds the one before to itself, level after level, doubles the
+work per level; :mod:`.bounded_read` reads a recipe in a child process under a CPU, memory and wall budget, and is
+what the command and :func:`read_config` use.
+
+Errors are :class:`RecipeError` (a ``ValueError``), one line naming the file chain or the override: a missing
+parent (``a.yaml -> b.yaml -> missing.yaml: no such file``), a cycle in ``defaults``, a budget passed (the rule
+named), a bad override (quoted), or an interpolation that cannot be resolved (its key named, in a parent too).
 
 OmegaConf and Hydra are imported here only, when a config is read: ``import nemo_rl_shim``
 loads neither.
@@ -35,10 +44,11 @@ loads neither.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nemo_rl_shim.cli.nemo_rl.config_file import ConfigFileError, load_yaml
+from nemo_rl_shim.cli.nemo_rl.config_file import ConfigFileError, NodeBudget, load_yaml
 from nemo_rl_shim.one_line.exception import first_line
 
 if TYPE_CHECKING:
@@ -46,14 +56,22 @@ if TYPE_CHECKING:
     from omegaconf import DictConfig
 
 __all__ = [
+    "MAX_DEFAULTS_DEPTH",
+    "MAX_RECIPE_FILES",
     "RESOLVERS",
     "RecipeError",
+    "RecipeReading",
     "apply_overrides",
     "load_recipe",
     "load_recipe_config",
-    "read_config",
     "register_resolvers",
+    "resolve",
 ]
+
+#: The deepest ``defaults:`` chain read, in files (NeMo RL's deepest at 7ea279abf: 6).
+MAX_DEFAULTS_DEPTH = 32
+#: The most file reads one recipe makes, a parent named twice read twice (NeMo RL's most at 7ea279abf: 6).
+MAX_RECIPE_FILES = 64
 
 #: NeMo RL's resolvers (``nemo_rl.utils.config.register_omegaconf_resolvers``), by name.
 RESOLVERS: dict[str, Callable[[Any, Any], Any]] = {
@@ -66,6 +84,17 @@ RESOLVERS: dict[str, Callable[[Any, Any], Any]] = {
 
 class RecipeError(ValueError):
     """A NeMo RL config that cannot be read as NeMo RL would read it; the message is one line."""
+
+
+@dataclass
+class RecipeReading:
+    """What one recipe's reading has spent of its budget: YAML nodes, file reads, bytes read."""
+
+    nodes: NodeBudget = field(default_factory=NodeBudget)
+    files: int = 0
+    bytes: int = 0
+    #: What the loading is doing, in words (``"merging b.yaml into a.yaml"``): where a budget ran out.
+    step: str = ""
 
 
 def register_resolvers() -> None:
@@ -81,20 +110,29 @@ def register_resolvers() -> None:
 
 
 def _chain_text(chain: Sequence[Path]) -> str:
+    if len(chain) > 8:  # a deep chain: its ends, and how many files
+        return f"{' -> '.join(str(p) for p in chain[:3])} -> ... -> {chain[-1]} ({len(chain)} files)"
     return " -> ".join(str(path) for path in chain)
 
 
-def _read_file(path: Path, chain: tuple[Path, ...]) -> DictConfig:
+def _read_file(path: Path, chain: tuple[Path, ...], reading: RecipeReading) -> DictConfig:
     """One file of the chain, as ``OmegaConf.load`` reads it but bounded (:mod:`.config_file`: a regular file under a
-    size cap, decoded naming the file, its aliases counted)."""
+    size cap, decoded naming the file, its nodes counted into the recipe's budget)."""
     from omegaconf import DictConfig
     from omegaconf.errors import OmegaConfBaseException
     from yaml import YAMLError
 
     if not path.exists() and not path.is_symlink():
         raise RecipeError(f"{_chain_text(chain)}: no such file")
+    reading.files += 1
+    if reading.files > MAX_RECIPE_FILES:
+        raise RecipeError(
+            f"{_chain_text(chain)}: the recipe reads more than {MAX_RECIPE_FILES} files through its defaults "
+            "(a parent named twice is read twice; NeMo RL's recipes read at most 6): refused"
+        )
     try:
-        config = load_yaml(path)
+        config = load_yaml(path, reading.nodes)
+        reading.bytes += path.stat().st_size
     except ConfigFileError as e:
         where = f"{_chain_text(chain[:-1])} -> " if len(chain) > 1 else ""
         raise RecipeError(f"{where}{e}") from None
@@ -134,7 +172,18 @@ def _merge(base: DictConfig, child: DictConfig) -> DictConfig:
     return merged
 
 
-def _load_tree(path: Path, chain: tuple[Path, ...]) -> DictConfig:
+def _merged(base: DictConfig, child: DictConfig, chain: tuple[Path, ...]) -> DictConfig:
+    """:func:`_merge`, where an interpolation NeMo RL's merge resolves (a top-level key's) fails naming the chain."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        return _merge(base, child)
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None) or "?"
+        raise RecipeError(f"{_chain_text(chain)}: cannot resolve {key}: {first_line(e, with_type=False)}") from None
+
+
+def _load_tree(path: Path, chain: tuple[Path, ...], reading: RecipeReading) -> DictConfig:
     """``path`` with its parents merged in, depth-first; ``chain`` is the files that led here, ``path`` last."""
     from omegaconf import OmegaConf
 
@@ -142,14 +191,24 @@ def _load_tree(path: Path, chain: tuple[Path, ...]) -> DictConfig:
     if path.resolve() in seen:
         start = seen.index(path.resolve())
         raise RecipeError(f"cycle in defaults: {_chain_text(chain[start:])}")
-    config = _read_file(path, chain)
+    if len(chain) > MAX_DEFAULTS_DEPTH:
+        raise RecipeError(
+            f"{_chain_text(chain)}: a defaults chain deeper than {MAX_DEFAULTS_DEPTH} files (NeMo RL's deepest is 6): "
+            "refused"
+        )
+    reading.step = f"reading {path}"
+    config = _read_file(path, chain, reading)
     if "defaults" not in config:
         return config
     base = OmegaConf.create({})
     for name in _parents(config, chain):
         parent = Path(name) if name.startswith("/") else path.parent / name
-        base = _merge(base, _load_tree(parent, (*chain, parent)))
-    return _merge(base, config)
+        parent_chain = (*chain, parent)
+        tree = _load_tree(parent, parent_chain, reading)
+        reading.step = f"merging {parent}"
+        base = _merged(base, tree, parent_chain)
+    reading.step = f"merging {path} over its defaults"
+    return _merged(base, config, chain)
 
 
 # --- overrides -------------------------------------------------------------------------------
@@ -222,25 +281,32 @@ def apply_overrides(config: DictConfig, overrides: Sequence[str]) -> DictConfig:
 # --- the whole read --------------------------------------------------------------------------
 
 
-def load_recipe_config(path: str | Path, overrides: Sequence[str] = ()) -> DictConfig:
-    """The unresolved OmegaConf config: ``path`` with its ``defaults`` chain, then ``overrides``."""
+def load_recipe_config(
+    path: str | Path, overrides: Sequence[str] = (), reading: RecipeReading | None = None
+) -> DictConfig:
+    """The unresolved OmegaConf config: ``path`` with its ``defaults`` chain, then ``overrides``; ``reading`` (a fresh
+    :class:`RecipeReading` when not given) counts what the files spent of the recipe's budget.
+
+    NeMo RL's resolvers are registered first, as ``examples/run_*.py`` do: a merge resolves the top-level values of
+    the file merged in (``merge_with_override`` reads ``override_config[key]``), so they are needed while loading."""
+    register_resolvers()
     path = Path(path)
-    config = _load_tree(path, (path,))
+    reading = reading if reading is not None else RecipeReading()
+    config = _load_tree(path, (path,), reading)
     if overrides:
+        reading.step = "applying the overrides"
         apply_overrides(config, list(overrides))
     return config
 
 
-def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
-    """The config NeMo RL's ``examples/run_*.py`` would train with, as a plain dict with every interpolation resolved.
+def resolve(config: DictConfig, path: str | Path) -> dict[str, Any]:
+    """``OmegaConf.to_container(config, resolve=True)`` with NeMo RL's resolvers; a failure names ``path`` and the key.
 
-    Raises :class:`RecipeError` (one line naming the file chain, the override or the key) on bad input.
-    """
+    Unbounded in time (see the module docstring): for a recipe that is not trusted, :mod:`.bounded_read`."""
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
     register_resolvers()
-    config = load_recipe_config(path, overrides)
     try:
         resolved = OmegaConf.to_container(config, resolve=True)
     except OmegaConfBaseException as e:
@@ -250,10 +316,11 @@ def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> dict[str, An
     return {str(k): v for k, v in resolved.items()}
 
 
-def read_config(path: str | Path | None, overrides: Sequence[str] = ()) -> dict[str, Any] | None:
-    """:func:`load_recipe` of ``path``; None without one (and then ``overrides`` are refused: ``ValueError``)."""
-    if path is None:
-        if overrides:
-            raise ValueError(f"config overrides need --config PATH, got {' '.join(overrides)!r}")
-        return None
-    return load_recipe(path, overrides)
+def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """The config NeMo RL's ``examples/run_*.py`` would train with, as a plain dict with every interpolation resolved,
+    in this process (the time its interpolations take is not bounded: :mod:`.bounded_read` bounds it).
+
+    Raises :class:`RecipeError` (one line naming the file chain, the override or the key) on bad input.
+    """
+    register_resolvers()
+    return resolve(load_recipe_config(path, overrides), path)

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nemo_rl_shim.config.integers import is_positive_int, positive_int
+from nemo_rl_shim.config.numbers import plain_int, shown
 
 __all__ = ["World", "training_world", "training_world_of", "world_from_flag"]
 
@@ -75,9 +76,10 @@ def _count(block: Mapping[str, Any], key: str, where: str, *, optional: bool = F
     value = block.get(key)
     if not optional:
         return positive_int(value, f"{where}.{key}")
-    if value is None or is_positive_int(value) or (type(value) is int and value == 0):
-        return value
-    raise ValueError(f"{where}.{key} must be a non-negative integer, got {value!r}")
+    whole = plain_int(value)
+    if value is None or (whole is not None and whole >= 0):
+        return whole
+    raise ValueError(f"{where}.{key} must be a non-negative integer, got {shown(value)}")
 
 
 def _reward_model(config: Mapping[str, Any]) -> tuple[int, int]:
@@ -112,6 +114,7 @@ def _non_colocated(
                 f"{where}.gpus_per_node must be set to a positive integer when the policy has one node and "
                 f"generation is non-colocated, got {gen_gpus!r}"
             )
+        gen_gpus = positive_int(gen_gpus, f"{where}.gpus_per_node")
         if gen_nodes not in (None, 1):
             raise ValueError(
                 f"{where}.num_nodes must be 1 or null when the policy has one node and generation is "
@@ -136,6 +139,7 @@ def _non_colocated(
             f"{where}.num_nodes must be a positive integer when the policy has several nodes and generation is "
             f"non-colocated, got {gen_nodes!r}"
         )
+    gen_nodes = positive_int(gen_nodes, f"{where}.num_nodes")
     if gen_gpus != gpus:
         raise ValueError(
             f"{where}.gpus_per_node must equal cluster.gpus_per_node ({gpus}) when the policy has several nodes "

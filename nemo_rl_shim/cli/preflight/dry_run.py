@@ -337,7 +337,7 @@ class DryRunner(Runner):
         problems = ()
         if unreached:
             where = "the dry run plays one rank after another, and did not reach these"
-            problems = (past_deadline(unreached, options.timeout_s, where),)
+            problems = (past_deadline(unreached, options.timeout_s, where, options.timeout_whole_s),)
         return RankRun(
             LAUNCHER, world_size, outcomes, timed_out=bool(unreached), problems=problems, details=tuple(details),
             facts=facts,

@@ -75,7 +75,8 @@ class JoinRunner(Runner):
         os.environ.update(rank_env(launcher.rank, launcher.world_size, launcher.local_rank))
         if launcher.rank == 0:
             progress(f"joining the {launcher.name} world of {launcher.world_size} ranks...")
-        timer = watchdog(options.timeout_s, past_deadline([launcher.rank], options.timeout_s), self.last_words)
+        line = past_deadline([launcher.rank], options.timeout_s, whole_s=options.timeout_whole_s)
+        timer = watchdog(options.timeout_s, line, self.last_words)
         try:
             gathered = self._check_and_gather(options)
         finally:

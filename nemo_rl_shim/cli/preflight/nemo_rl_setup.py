@@ -26,8 +26,10 @@ from __future__ import annotations
 import copy
 import datetime
 import importlib
-import importlib.util
 import inspect
+import json
+import subprocess
+import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -51,23 +53,53 @@ STOOD_IN = (
 _REQUIRED_DTENSOR_KEYS = {"sequence_parallel": False, "activation_checkpointing": False}
 
 
-def nemo_rl_missing() -> str | None:
+#: What the child of :func:`nemo_rl_missing` runs: this process's import path, then ``find_spec`` of the set-up
+#: module (which imports its parent packages), every way out of it said as one JSON line.
+_FIND = """
+import importlib.util, json, sys
+sys.path[:] = json.loads(sys.argv[1])
+try:
+    found = importlib.util.find_spec(sys.argv[2]) is not None
+    why = "no module " + sys.argv[2]
+except BaseException as e:  # SystemExit and KeyboardInterrupt too: the import's failure, said
+    text = (str(e).strip().splitlines() or [""])[0]
+    found, why = False, type(e).__name__ + (": " + text if text else "")
+print(json.dumps({"found": found, "why": why}), flush=True)
+"""
+_NOT_IMPORTABLE = (
+    "--setup nemo-rl runs NeMo RL's own set-up, and NeMo RL is not importable here ({why}): run preflight in NeMo "
+    "RL's environment, or put a NeMo RL checkout on PYTHONPATH"
+)
+
+
+def nemo_rl_missing(timeout_s: float = 60.0) -> str | None:
     """None where NeMo RL's set-up module can be found; else the one line that refuses ``--setup nemo-rl``.
 
-    Finds the module without running it (its parent packages are imported): an import error inside it,
-    such as a missing dependency, is every rank's failure instead, with its message.
+    Finds the module without running it, in a child process of this interpreter and import path, within
+    ``timeout_s``: its parent packages are imported there, so that one that raises ``SystemExit``, ends its process
+    or hangs is that import's failure, said in the line, and not this process's end. An import error inside the
+    module itself, such as a missing dependency, is every rank's failure instead, with its message.
     """
+    command = [sys.executable, "-c", _FIND, json.dumps(sys.path), SETUP_MODULE]
     try:
-        found = importlib.util.find_spec(SETUP_MODULE) is not None
-        why = f"no module {SETUP_MODULE}"
-    except Exception as e:  # a parent package missing (ModuleNotFoundError) or failing to import: not importable
-        found, why = False, f"{type(e).__name__}: {e}"
-    if found:
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=max(timeout_s, 0.0), stdin=subprocess.DEVNULL, check=False
+        )
+    except subprocess.TimeoutExpired:
+        why = f"importing nemo_rl and its packages did not finish within {timeout_s:.3g} s, what --timeout-s left"
+        return _NOT_IMPORTABLE.format(why=why)
+    lines = done.stdout.strip().splitlines()
+    try:
+        answer = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict):
+        how = f"signal {-done.returncode}" if done.returncode < 0 else f"exit {done.returncode}"
+        tail = (done.stderr.strip().splitlines() or ["nothing on stderr"])[-1][:200]
+        return _NOT_IMPORTABLE.format(why=f"importing nemo_rl ended its process ({how}): {tail}")
+    if answer.get("found") is True:
         return None
-    return (
-        f"--setup nemo-rl runs NeMo RL's own set-up, and NeMo RL is not importable here ({why}): run preflight in "
-        "NeMo RL's environment, or put a NeMo RL checkout on PYTHONPATH"
-    )
+    return _NOT_IMPORTABLE.format(why=str(answer.get("why"))[:300])
 
 
 def _swap_nccl(backend: str) -> str:

@@ -11,6 +11,8 @@ Shared by the runners (:mod:`nemo_rl_shim.cli.preflight.runner`) and the report
 from __future__ import annotations
 
 import copy
+import importlib.util
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +27,7 @@ __all__ = [
     "DEFAULT_SECTION",
     "DEFAULT_TIMEOUT_S",
     "MIN_RANKS",
+    "RAY_EXTRA_MISSING",
     "PreflightOptions",
     "WorldTooLarge",
     "build_options",
@@ -66,6 +69,9 @@ class PreflightOptions:
     worker_note: str | None = None
     #: ``--setup``: whose ``setup_distributed`` every rank runs (:data:`~.results.SETUPS`).
     setup: str = SHIM_SETUP
+    #: The command's whole ``--timeout-s`` where the ranks were given only what was left of it (``timeout_s``):
+    #: :func:`~nemo_rl_shim.cli.preflight.run.run_preflight` sets it; None where ``timeout_s`` is the whole bound.
+    timeout_whole_s: float | None = None
 
     @property
     def timeout_minutes(self) -> float | None:
@@ -157,11 +163,19 @@ def _apply_flags(section: dict[str, Any], role: cfg.Role, overrides: Mapping[str
     if not patch:
         automodel["patch_automodel"] = False
     where = f"{role}.automodel_cfg"
-    cfg.distributed_timeout_minutes_after_init(automodel, where)  # checks the start-up value too
+    steady = cfg.distributed_timeout_minutes_after_init(automodel, where)  # checks the start-up value too
     cfg.patch_automodel(automodel, where)
     cfg.flight_recorder(automodel, where)  # makes the dump directory and checks it is writable
     cfg.learned_timeouts(automodel, where)
-    parallel_sizes(dtensor, f"{role}.dtensor_cfg")
+    sizes = parallel_sizes(dtensor, f"{role}.dtensor_cfg")
+    # One read of every number (nemo_rl_shim.config.numbers): the plain values checked are the ones every rank gets.
+    for key, value in (("distributed_timeout_minutes", cfg.distributed_timeout_minutes(automodel, where)),
+                       ("distributed_timeout_minutes_after_init", steady)):  # fmt: skip
+        if automodel.get(key) is not None:
+            automodel[key] = value
+    for flag, key in _DTENSOR_OVERRIDES.items():
+        if flag != "cpu_offload" and dtensor.get(key) is not None:
+            dtensor[key] = getattr(sizes, flag)
     cpu_offload = dtensor.get("cpu_offload", False)
     if not isinstance(cpu_offload, bool):
         raise ValueError(f"{role}.dtensor_cfg.cpu_offload must be true or false, got {cpu_offload!r}")
@@ -172,15 +186,16 @@ def _apply_flags(section: dict[str, Any], role: cfg.Role, overrides: Mapping[str
 _SHIM_ONLY_KEYS = ("distributed_timeout_minutes_after_init", "learned_timeouts", "flight_recorder")
 
 
-def _check_setup(setup: str, section: Mapping[str, Any], role: cfg.Role) -> None:
-    """``--setup``: a known one; for NeMo RL's, NeMo RL importable here and no key only the shim reads."""
+def _check_setup(setup: str, section: Mapping[str, Any], role: cfg.Role, deadline: float) -> None:
+    """``--setup``: a known one; for NeMo RL's, NeMo RL importable here (tried before ``deadline``) and no key only
+    the shim reads."""
     if setup not in SETUPS:
         raise ValueError(f"--setup must be one of {', '.join(SETUPS)}, got {setup!r}")
     if setup != NEMO_RL_SETUP:
         return
     from nemo_rl_shim.cli.preflight.nemo_rl_setup import nemo_rl_missing
 
-    missing = nemo_rl_missing()
+    missing = nemo_rl_missing(timeout_s=deadline - time.monotonic())
     if missing is not None:
         raise ValueError(missing)
     automodel = section.get("automodel_cfg") or {}
@@ -192,6 +207,24 @@ def _check_setup(setup: str, section: Mapping[str, Any], role: cfg.Role) -> None
                 "only distributed_timeout_minutes: remove the key (or its flag), or check the shim's set-up "
                 "(--setup shim)"
             )
+
+
+#: The one line where ``--ray`` is asked for and Ray is not installed.
+RAY_EXTRA_MISSING = "--ray needs the ray extra: uv sync --extra ray"
+
+
+def _check_ray(address: str | None) -> None:
+    """``--ray``: an address, and Ray installed (found, not imported: the runner imports it)."""
+    if address is None:
+        return
+    if not address.strip():
+        raise ValueError(f"--ray takes 'auto' or a cluster address (host:port), got {address!r}")
+    try:
+        found = importlib.util.find_spec("ray") is not None
+    except (ImportError, ValueError):  # a broken or half-removed install: the same advice
+        found = False
+    if not found:
+        raise ValueError(RAY_EXTRA_MISSING)
 
 
 def build_options(
@@ -208,6 +241,8 @@ def build_options(
     recipe_overrides: Sequence[str] = (),
     world: int | None = None,
     setup: str = SHIM_SETUP,
+    config: Mapping[str, Any] | None = None,
+    deadline: float | None = None,
 ) -> PreflightOptions:
     """Options from a NeMo RL YAML (its ``role`` section) or the embedded default, then ``overrides``.
 
@@ -221,21 +256,27 @@ def build_options(
     ``automodel_cfg.patch_automodel: false``. Everything is validated here, before any rank
     starts; errors are ``ValueError`` naming the key and the value. ``setup`` (``--setup``): the shim's set-up,
     or NeMo RL's own, refused where NeMo RL is not importable and with keys only the shim reads.
+
+    ``config``: the recipe at ``config_path`` already read, with ``recipe_overrides``
+    (:func:`~nemo_rl_shim.cli.nemo_rl.read_config`; the command reads it before it imports torch); else it is read
+    here. ``deadline`` (``time.monotonic()``; default ``timeout_s`` from now): what reading the recipe and trying
+    NeMo RL's import may take, each in a child process (``--timeout-s`` bounds the whole command).
     """
     if role not in cfg.ROLES:
         raise ValueError(f"role must be one of {', '.join(cfg.ROLES)}, got {role!r}")
-    config = read_config(config_path, recipe_overrides)
+    if not timeout_s > 0:
+        raise ValueError(f"--timeout-s must be a positive number of seconds, got {timeout_s!r}")
+    deadline = time.monotonic() + timeout_s if deadline is None else deadline
+    if config is None:
+        config = read_config(config_path, recipe_overrides, timeout_s=deadline - time.monotonic())
     section = _base_section(config, config_path, role)
     training = training_world_of(config, role, world)
     cpu_offload = _apply_flags(section, role, overrides or {}, patch)
-    _check_setup(setup, section, role)
+    _check_setup(setup, section, role, deadline)
     refit_gpus_per_engine(section, role)  # the SGLang refit groups' size, if any: checked before any rank
     if nproc is not None and nproc < MIN_RANKS:
         raise ValueError(f"--nproc must be at least {MIN_RANKS}, got {nproc}")
-    if not timeout_s > 0:
-        raise ValueError(f"--timeout-s must be a positive number of seconds, got {timeout_s!r}")
-    if ray_address is not None and not ray_address.strip():
-        raise ValueError(f"--ray takes 'auto' or a cluster address (host:port), got {ray_address!r}")
+    _check_ray(ray_address)
     return PreflightOptions(
         section, role, cpu_offload, nproc, float(timeout_s), stall_rank, float(stall_s), ray_address,
         world_size=training.size if training else None, world_source=training.source if training else None,

@@ -55,7 +55,7 @@ from nemo_rl_shim.cli.preflight.runner import (
 from nemo_rl_shim.cli.preflight.stuck import Grace, after_grace, past_deadline, watchdog
 from nemo_rl_shim.one_line.exception import first_line
 
-__all__ = ["RayRunner", "bundle_of", "plan_note", "plan_ray_ranks"]
+__all__ = ["RayRunner", "RayUnavailable", "bundle_of", "plan_note", "plan_ray_ranks"]
 
 #: How long the driver waits for Ray to drop the killed actors before it returns.
 CLEANUP_WAIT_S = 15.0
@@ -331,7 +331,7 @@ class _Gathering:
         results.update(unfinished)
         where = "; ".join(f"{self.placement.describe(r)} was in {_in_phase(unfinished[r])}" for r in stuck)
         if self.timed_out:
-            self.problems.append(past_deadline(stuck, self.options.timeout_s, where))
+            self.problems.append(past_deadline(stuck, self.options.timeout_s, where, self.options.timeout_whole_s))
         elif self._names_the_rest:  # a rank that died is the finding; the ranks still waiting on it are not
             self.problems.append(after_grace(stuck, self.grace.why or "", where))
 
@@ -348,6 +348,21 @@ class _Gathering:
             return RankFailed(rank, str(e), node=self.placement.node(rank))
         outcome = outcome_from_json(data, rank)
         return replace(outcome, node=self.placement.node(rank))
+
+
+class RayUnavailable(ValueError):
+    """Ray cannot be used here (not importable, or no cluster at the address): one line, exit 2."""
+
+
+def _no_cluster(address: str, error: BaseException) -> str:
+    """Ray's ConnectionError in this command's words: Ray's own hint (``ray/_private/services.py``,
+    ``get_ray_address_from_environment``) names an ``--address`` flag, which this command does not have."""
+    if address == "auto":
+        where = "--ray auto found no running Ray cluster (it looks at RAY_ADDRESS, then on this machine)"
+    else:
+        why = first_line(error, with_type=False)
+        where = f"--ray {address}: no Ray cluster there" + ("" if "--address" in why else f" ({why[:200]})")
+    return f"{where}: start one (ray start --head, or NeMo RL's ray.sub), or give its address as --ray HOST:PORT"
 
 
 class RayRunner(Runner):
@@ -368,7 +383,10 @@ class RayRunner(Runner):
         self._watchdog: threading.Timer | None = None
 
     def __enter__(self) -> RayRunner:
-        import ray
+        try:
+            import ray
+        except ImportError as e:  # installed (build_options found it) but broken: one line, as for bad input
+            raise RayUnavailable(f"--ray: Ray is installed but does not import: {first_line(e)}") from None
 
         # As NeMo RL's ray.sub does: under `uv run`, Ray (2.47 and later) would otherwise make every worker run
         # `uv run` in a copy of the current directory, a fresh environment per worker. The actors must run
@@ -378,7 +396,13 @@ class RayRunner(Runner):
         line = f"the Ray run did not end within {seconds:g} s (--timeout-s plus clean-up)"
         self._watchdog = watchdog(seconds, line, self.last_words)
         try:
-            ray.init(address=self.address, namespace=self.tag, log_to_driver=False, logging_level=logging.ERROR)
+            try:
+                ray.init(address=self.address, namespace=self.tag, log_to_driver=False, logging_level=logging.ERROR)
+            except ConnectionError as e:  # Ray's own line names an `--address` flag, which this command has not
+                raise RayUnavailable(_no_cluster(self.address, e)) from None
+            except Exception as e:  # a cluster of another Ray version, say: Ray's words, on one line
+                said = " ".join(str(e).split())[:300] or type(e).__name__
+                raise RayUnavailable(f"--ray {self.address}: Ray could not join the cluster: {said}") from None
             resources = ray.cluster_resources()
             self.gpus, self.cpus = int(resources.get("GPU", 0)), int(resources.get("CPU", 0))
         except BaseException:

@@ -217,7 +217,7 @@ def find_problems(ranks: Sequence[RankOutcome], options: PreflightOptions, timed
     """
     unfinished = [r for r in ranks if isinstance(r, RankFailed)]
     if timed_out:
-        return [past_deadline([r.rank for r in unfinished], options.timeout_s)]
+        return [past_deadline([r.rank for r in unfinished], options.timeout_s, whole_s=options.timeout_whole_s)]
     failed: list[_Found] = [
         (f"rank failed: {_last_line(r.error)}", None, r.rank) for r in unfinished if not r.killed_because
     ]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 
 from nemo_rl_shim.cli.preflight.join import JoinRunner, detect_launcher
 from nemo_rl_shim.cli.preflight.options import PreflightOptions, ranks_for_world
@@ -70,24 +71,37 @@ def problems_of(run: RankRun, options: PreflightOptions) -> tuple[list[str], boo
     return ([off_path] if off_path else []) + found, not found
 
 
+def _within(options: PreflightOptions, deadline: float | None) -> PreflightOptions:
+    """``options`` whose ``timeout_s`` is what is left before ``deadline`` (the command's ``--timeout-s`` runs from
+    its start: what reading the recipe and the imports took is not the ranks' to spend)."""
+    if deadline is None:
+        return options
+    left = round(max(deadline - time.monotonic(), 0.0), 1)
+    return replace(options, timeout_s=left, timeout_whole_s=options.timeout_whole_s or options.timeout_s)
+
+
 def run_preflight(
     options: PreflightOptions,
     progress: Progress | None = None,
     environ: Mapping[str, str] | None = None,
     last_words: LastWords | None = None,
+    deadline: float | None = None,
 ) -> PreflightReport:
     """Check ``options`` on the runner they ask for (see the module docstring); the report of every rank.
 
     Raises ``ValueError`` (exit 2) for a world that does not fit
     (:class:`~nemo_rl_shim.cli.preflight.options.WorldTooLarge`), more ranks than the runner can hold,
-    or a layout that cannot be built. ``last_words``: see :data:`LastWords`.
+    or a layout that cannot be built. ``last_words``: see :data:`LastWords`. ``deadline`` (``time.monotonic()``):
+    the end of the command's ``--timeout-s``; the runner, then its ranks, get what is left of it (default:
+    ``options.timeout_s`` from when the ranks start).
     """
     progress = progress or (lambda message: None)
-    with pick_runner(options, environ, last_words) as runner:
+    with pick_runner(_within(options, deadline), environ, last_words) as runner:
         plan = _size(runner, options)
         start = time.monotonic()
-        run = runner.run(options, plan, progress)
-    problems, checks_passed = problems_of(run, options)
+        given = _within(options, deadline)  # what is left of the command's --timeout-s when the ranks start
+        run = runner.run(given, plan, progress)
+    problems, checks_passed = problems_of(run, given)
     report = PreflightReport(
         run.launcher, run.world_size, options, run.ranks, time.monotonic() - start, run.note, run.timed_out,
         problems, details=run.details, facts=run.facts, checks_passed=checks_passed, reports=runner.reports,

@@ -76,9 +76,14 @@ class Grace:
         return f"still running {self.seconds:g} s after {self.cause}"
 
 
-def past_deadline(ranks: Iterable[int], timeout_s: float, where: str = STUCK) -> str:
-    """``"ranks 0-1 did not finish within 60 s (--timeout-s): ..."``."""
-    return f"{ranks_named(ranks)} did not finish within {timeout_s:g} s (--timeout-s): {where}"
+def past_deadline(ranks: Iterable[int], timeout_s: float, where: str = STUCK, whole_s: float | None = None) -> str:
+    """``"ranks 0-1 did not finish within 60 s (--timeout-s): ..."``; where the ranks had only ``timeout_s`` of the
+    command's ``whole_s`` (``--timeout-s`` bounds the whole command), ``"within 53.2 s (what --timeout-s 60 left for
+    the ranks): ..."``."""
+    bound = (
+        "--timeout-s" if whole_s is None or whole_s == timeout_s else f"what --timeout-s {whole_s:g} left for the ranks"
+    )
+    return f"{ranks_named(ranks)} did not finish within {timeout_s:g} s ({bound}): {where}"
 
 
 def after_grace(ranks: Iterable[int], why: str, where: str) -> str:

@@ -103,7 +103,9 @@ def test_a_stalled_actor_is_named_in_one_line_within_the_bound(scenarios, record
     line = _failure_line(run)
     actor = r"\(actor nemo-rl-shim-preflight-[0-9a-f]{8}-rank%d on node 127\.0\.0\.1\)"
     expected = (
-        rf"preflight: FAILED: ranks 0-1 did not finish within {run['bound_s']} s \(--timeout-s\): "
+        # --timeout-s bounds the whole command (#46): the ranks had what reading and the imports left of it
+        rf"preflight: FAILED: ranks 0-1 did not finish within ([0-9.]+) s \(what --timeout-s {run['bound_s']} left "
+        r"for the ranks\): "
         rf"rank 0 {actor % 0} was in all_reduce on group default for (\d+) s; "
         rf"rank 1 {actor % 1} was in stalling 3600 s after set-up \(fault injection\) for (\d+) s"
     )
@@ -113,7 +115,8 @@ def test_a_stalled_actor_is_named_in_one_line_within_the_bound(scenarios, record
     assert found, f"{line}\nwhere each rank was:\n{stacks}\nthe run's stderr:\n{run['stderr']}"
     # Each rank has been in its phase since its set-up ended, inside the run: at most the run's wall time (the
     # bound, and the moments the report took to be read after it: 302 s at a load of 41 on 2 cores).
-    waited, stalled = (int(found[i]) for i in (1, 2))
+    assert 0 < float(found[1]) <= run["bound_s"], line
+    waited, stalled = (int(found[i]) for i in (2, 3))
     assert 0 <= waited <= math.ceil(run["wall_s"]) and 0 <= stalled <= math.ceil(run["wall_s"]), (line, run["wall_s"])
     assert round(stuck[0]["phase_s"]) == waited and round(stuck[1]["phase_s"]) == stalled, stacks
     # Where: rank 1 in the fault injection's sleep, rank 0 inside its all_reduce (innermost frames, innermost last).
