@@ -6,19 +6,24 @@ tried in one too, and the ranks get what is left when they start. What runs in t
 itself (importing torch, a runner's own calls) is covered by :meth:`CommandClock.watch`: a daemon thread that, a
 phase's slack past the deadline, prints one line naming the phase (``--timeout-s 10 ran out while importing torch
 and the checks``) and ends the process with the phase's exit code: 2 where the input could not be read in time, 1
-otherwise. Standard library only: it runs before torch is imported.
+otherwise. Before it ends the process it kills every process this one started, and theirs (:func:`end_descendants`):
+a runner stuck in its own calls cannot leave its ranks (or the fork server they came from) running. Standard library
+only: it runs before torch is imported.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
-__all__ = ["SLACK_S", "CommandClock", "Phase"]
+__all__ = ["SLACK_S", "CommandClock", "Phase", "descendants", "end_descendants"]
 
 #: How long past the deadline the watchdog waits for a phase that bounds itself to end on its own.
 SLACK_S = 5.0
@@ -32,6 +37,54 @@ class Phase:
     words: str
     code: int
     slack_s: float = SLACK_S
+
+
+def _children(pid: int, proc: Path) -> list[int]:
+    """``pid``'s children, from each of its threads' ``children`` file (Linux); none where it cannot be read."""
+    found: list[int] = []
+    with contextlib.suppress(OSError):
+        for task in (proc / str(pid) / "task").iterdir():
+            with contextlib.suppress(OSError, ValueError):
+                found.extend(int(word) for word in (task / "children").read_text().split())
+    return found
+
+
+def _dead(pid: int, proc: Path) -> bool:
+    """A zombie (ended, its parent has not reaped it yet), or gone."""
+    try:
+        stat = (proc / str(pid) / "stat").read_text()
+    except OSError:
+        return True
+    return stat.rpartition(")")[2].split()[:1] in (["Z"], ["X"])
+
+
+def descendants(pid: int | None = None, proc: Path = Path("/proc")) -> list[int]:
+    """Every live process below ``pid`` (default: this one), parents before their children (a zombie's children are
+    still walked); empty where ``/proc`` cannot tell (not Linux), so a caller never fails on it."""
+    order: list[int] = []
+    seen = {pid if pid is not None else os.getpid()}
+    todo = list(seen)
+    while todo:
+        for child in _children(todo.pop(), proc):
+            if child not in seen:
+                seen.add(child)
+                todo.append(child)
+                if not _dead(child, proc):
+                    order.append(child)
+    return order
+
+
+def end_descendants(pid: int | None = None) -> list[int]:
+    """Stop every process below ``pid`` (default: this one) with ``SIGKILL``, all of them stopped first so that none
+    starts another meanwhile; the pids signalled. Never raises: a process already gone is skipped."""
+    found = descendants(pid)
+    for child in found:
+        with contextlib.suppress(OSError):
+            os.kill(child, signal.SIGSTOP)
+    for child in descendants(pid) + found:  # any started between the first walk and the stop
+        with contextlib.suppress(OSError):
+            os.kill(child, signal.SIGKILL)
+    return found
 
 
 class CommandClock:
@@ -64,15 +117,17 @@ class CommandClock:
         self,
         last_words: Callable[[str, int], None] | None = None,
         end: Callable[[int], object] = os._exit,
+        clean_up: Callable[[], object] = end_descendants,
     ) -> threading.Thread:
-        """Start the watchdog (see the module docstring): ``last_words(line, code)`` runs before ``end(code)``."""
+        """Start the watchdog (see the module docstring): ``last_words(line, code)``, then ``clean_up()`` (every
+        process this one started, ended), then ``end(code)``."""
 
         def run() -> None:
             while not self._stopped.is_set():
                 phase = self.phase
                 wait = self.deadline + phase.slack_s - self.clock()
                 if wait <= 0:
-                    self._expire(phase, last_words, end)
+                    self._expire(phase, last_words, end, clean_up)
                     return
                 self._changed.wait(min(wait, 1.0))
                 self._changed.clear()
@@ -82,7 +137,11 @@ class CommandClock:
         return thread
 
     def _expire(
-        self, phase: Phase, last_words: Callable[[str, int], None] | None, end: Callable[[int], object]
+        self,
+        phase: Phase,
+        last_words: Callable[[str, int], None] | None,
+        end: Callable[[int], object],
+        clean_up: Callable[[], object],
     ) -> None:
         line = self.ran_out(phase)
         print(f"preflight: {line}", file=sys.stderr, flush=True)
@@ -90,7 +149,10 @@ class CommandClock:
             if last_words is not None:
                 last_words(line, phase.code)
         finally:
-            end(phase.code)
+            try:
+                clean_up()
+            finally:
+                end(phase.code)
 
     def stop(self) -> None:
         """Stop the watchdog (the command is ending on its own)."""
