@@ -185,6 +185,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="the run's world size, where no dump states it (torch's own Gloo dumps): ranks 0 to N-1 must each have "
         "left a dump; the dumps' records must agree",
     )
+    hang.add_argument(
+        "--run",
+        type=_run_number,
+        metavar="N",
+        help="where DIR holds several runs' dumps (the report names each, 1 the oldest), report on run N; without it, "
+        "the newest complete run is reported on, and a folder of several runs never gives exit 0",
+    )
     hang.add_argument("--json", action="store_true", help="print JSON")
     hang.add_argument(
         "--torch-analyzer",
@@ -201,6 +208,12 @@ _MAX_WORLD = 1 << 20
 def _world_size(text: str) -> int:
     if not text.isdigit() or len(text) > 8 or not 0 < int(text) <= _MAX_WORLD:
         raise argparse.ArgumentTypeError(f"a world of 1 to {_MAX_WORLD:,} ranks, got {text[:40]!r}")
+    return int(text)
+
+
+def _run_number(text: str) -> int:
+    if not text.isascii() or not text.isdigit() or len(text) > 6 or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"a run's number, 1 or more, got {text[:40]!r}")
     return int(text)
 
 
@@ -240,7 +253,7 @@ def _hang_report(args: argparse.Namespace, out: TextIO) -> int:
         print(encodable(line), file=out, flush=True)
 
     code, text = hang_report.main(
-        args.dir, as_json=args.json, with_torch=args.torch_analyzer, world=args.world, early=early
+        args.dir, as_json=args.json, with_torch=args.torch_analyzer, world=args.world, early=early, run=args.run
     )
     if not args.json:
         print(text, file=sys.stderr if code == hang_report.EXIT_UNREADABLE else out)
