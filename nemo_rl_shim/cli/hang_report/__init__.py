@@ -214,13 +214,21 @@ def _early_world(run: RunFiles, sidecars: Mapping[int, Mapping[str, Any]], world
     return stated
 
 
+#: Files outside the world the lowest rank's dump states that are still read (as another run's, to be set aside):
+#: past this many, they are refused unread (100,000 stray files cost their names, not their reading).
+OUTSIDE_READ = 4096
+
+
 def _check_first(run: RunFiles, sidecars: Mapping[int, Mapping[str, Any]], world: int | None) -> Any:
     """What the lowest rank's dump states of the world, checked against every file rank before the others are read;
-    then no two rank names may be one file."""
+    then no two rank names may be one file. Where ``--world`` or a group map states the world, every file outside it
+    was refused already (:func:`_early_world`); where only the lowest rank's dump does, up to :data:`OUTSIDE_READ`
+    files outside it are read: another run's (a run of a larger world that wrote here before), which
+    :mod:`.run_split` sets aside, or a file whose own record places it outside, which the analysis refuses."""
 
     def check(first: RankDump) -> None:
         stated = stated_world({first.rank: first}, sidecars, world)
-        if stated is not None:
+        if stated is not None and sum(1 for r in run.dumps if r >= stated.size) > OUTSIDE_READ:
             check_ranks(stated, run.dumps, run.dumps)
         same_inode(run.dumps)  # two rank names of one file: refused before the others are read
 

@@ -23,6 +23,7 @@ from nemo_rl_shim.cli.hang_report.records import DumpError, GroupFacts
 from nemo_rl_shim.cli.untrusted_file import UntrustedFileError, read_untrusted
 from nemo_rl_shim.one_line.exception import first_line
 from nemo_rl_shim.one_line.printable import clean, shown, shown_path
+from nemo_rl_shim.one_line.rank_ranges import format_ranks
 
 __all__ = [
     "SIDECAR_CAP",
@@ -109,7 +110,8 @@ def groups_from_map(groups: Any, where: str, budget: Budget | None = None) -> di
 
 
 def groups_from_pg_config(pg_config: Mapping[Any, Any], rank: int, path: Path, budget: Budget) -> dict[str, GroupFacts]:
-    """torch's ``pg_config``, where a group is named and this rank is among its ranks (Gloo's ``''`` never is)."""
+    """torch's ``pg_config``, where a group is named and this rank is among its ranks (Gloo's ``''`` never is); a
+    default group (``default_pg``) without this rank is refused: the dump places its own rank outside its world."""
     groups = {}
     for name, facts in pg_config.items():
         budget.spend(1, f"{shown_path(path)}: pg_config")
@@ -128,6 +130,11 @@ def groups_from_pg_config(pg_config: Mapping[Any, Any], rank: int, path: Path, b
             budget.spend(len(ranks), f"{key}.ranks")
         if rank in ranks:
             groups[group_name(name)] = GroupFacts(ranks, stated=True, desc=clean(desc))
+        elif desc == "default_pg" and ranks:  # torch's default group is the world, and every rank is in it
+            raise DumpError(
+                f"{shown_path(path)}: rank {rank} is outside the world of {len(ranks):,} ranks (the default group its "
+                f"own pg_config lists, ranks {format_ranks(ranks)})"
+            )
     return groups
 
 
