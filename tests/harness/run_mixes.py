@@ -31,6 +31,7 @@ __all__ = [
     "drop_collective",
     "interior_numbers",
     "link",
+    "load_pg_config",
     "mix_runs",
     "other_run",
     "p2p_names",
@@ -111,6 +112,11 @@ def p2p_names(folder: Path, rank: int) -> list[str]:
         for e in _load(_path(folder, rank))["entries"]
         if e["profiling_name"].partition(":")[2].startswith(("send ", "recv "))
     ]
+
+
+def load_pg_config(folder: Path, rank: int) -> list[tuple[str, str]]:
+    """``rank``'s ``pg_config`` as ``[(group name, its ranks' text)]``."""
+    return [(name, facts["ranks"]) for name, facts in _load(_path(folder, rank))["pg_config"].items()]
 
 
 def peer_outside(folder: Path, rank: int, index: int = 0, peer: int = 9) -> str:

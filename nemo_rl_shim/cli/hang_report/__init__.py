@@ -59,7 +59,7 @@ from nemo_rl_shim.cli.hang_report.loader import DumpError, RankDump, confirm_dum
 from nemo_rl_shim.cli.hang_report.progress import Progress, judge_all
 from nemo_rl_shim.cli.hang_report.quick import QuickLine, quick_line
 from nemo_rl_shim.cli.hang_report.render import render_text, report_json
-from nemo_rl_shim.cli.hang_report.run_split import Run, choose_run, for_runs, split_runs
+from nemo_rl_shim.cli.hang_report.run_split import Run, choose_run, describe_hole, for_runs, split_runs, time_hole
 from nemo_rl_shim.cli.hang_report.stacks import RankStack, read_stacks
 from nemo_rl_shim.cli.hang_report.world import World, check_ranks, stated_world
 from nemo_rl_shim.flight_recorder.names import DUMP_FILE_NAME
@@ -267,6 +267,13 @@ def _several_runs(runs: list[Run], chosen: Run, directory: Path) -> Finding:
     return Finding("several runs", everyone, [], 0, "", [], None, 0, detail)
 
 
+def _unproved(chosen: Run, hole: tuple[int, int]) -> Finding:
+    """A run whose dumps' time ranges do not meet gives no verdict of agreement: that they are one run is not
+    proved."""
+    detail = f"cannot tell that the {len(chosen.dumps)} dumps are one run: {describe_hole(chosen, hole)}"
+    return Finding("unproved run", GroupState("", range(0), ["runs"]), [], 0, "", [], None, 0, detail)
+
+
 def _no_entry(report: HangReport, directory: Path) -> DumpError:
     """The dumps hold no entry to compare, and nothing else was found: one line naming the input."""
     dumps = sorted(report.dumps.values(), key=lambda d: d.rank)
@@ -309,6 +316,8 @@ def build_report(
     dumps = distinguish_groups(chosen.dumps) if chosen is not None else {}
     analysis = analyse([dumps[rank] for rank in sorted(dumps)], world=world)
     report = HangReport(directory, analysis, torch_analyzer.skipped(), stacks, files, progress, quick, runs, chosen)
+    if chosen is not None and report.exit_code == EXIT_AGREE and (hole := time_hole(chosen)) is not None:
+        analysis.findings.append(_unproved(chosen, hole))  # agreement needs the run's records to meet in time
     if len(runs) > 1 and run is None and chosen is not None and report.exit_code == EXIT_AGREE:
         analysis.findings.append(_several_runs(runs, chosen, directory))  # the verdict is the named run's alone
     if report.exit_code == EXIT_UNREADABLE:

@@ -86,10 +86,11 @@ _PRIORITY = {
     "gap": 5,
     "world unknown": 5,
     "unconfirmed": 6,
+    "unproved run": 7,
     "several runs": 7,
 }
 #: Kinds that say what cannot be told, not what went wrong.
-CANNOT_TELL = ("gap", "world unknown", "unconfirmed", "several runs")
+CANNOT_TELL = ("gap", "world unknown", "unconfirmed", "unproved run", "several runs")
 _OPPOSITE = {"send": "recv", "recv": "send"}
 _PAIR = "send/recv"  # the op of a finding on a send and its receive
 #: Places named on a line where ranks called the op from several (by group of ranks at one place, the fewest first).
@@ -200,7 +201,7 @@ class Finding:
         if self.kind == "p2p":
             places = _at(by_place(self.waiting, self.called_at), len(self.waiting))
             return f"{who} {self.detail} on {self.group.label}" + (f"; waiting at {places}" if places else "")
-        if self.kind in ("unclear", "world unknown", "gap", "several runs"):
+        if self.kind in ("unclear", "world unknown", "gap", "unproved run", "several runs"):
             return self.detail
         if self.kind == "unconfirmed":
             return f"cannot tell whether {who} finished {where}: {self.detail}"

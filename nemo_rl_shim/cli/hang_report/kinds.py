@@ -18,8 +18,8 @@ most :data:`MAX_LINE_CHARS` characters. The kinds (``Kind.name``; ``variant`` sa
   receive posted) and none finished: the transport or a device, no rank blamed;
 * ``did_not_finish``: a rank entered and did not finish what its peers finished: its host;
 * ``unclear`` (someone waits, no buffer tells on whom), ``no_dump``, ``stayed_in_block`` (a stack alone),
-  ``cannot_tell`` (no entry to compare; or, variant ``unconfirmed``, ``world unknown``, ``gap`` or ``several runs``,
-  what the analysis cannot tell) and ``agree``.
+  ``cannot_tell`` (no entry to compare; or, variant ``unconfirmed``, ``world unknown``, ``gap``, ``unproved run``
+  or ``several runs``, what the analysis cannot tell) and ``agree``.
 
 A circular wait comes before the stall it is made of; otherwise the first finding (:mod:`.analysis`'s order)
 decides, but for a missing dump whose peers finished the op it is named in, where another op of the same rank's
@@ -69,6 +69,7 @@ LABELS = {
     ("cannot_tell", "unconfirmed"): "cannot tell",
     ("cannot_tell", "world unknown"): "cannot tell",
     ("cannot_tell", "gap"): "cannot tell",
+    ("cannot_tell", "unproved run"): "cannot tell",
     ("cannot_tell", "several runs"): "cannot tell",
     ("agree", None): "every rank agrees",
 }

@@ -123,7 +123,8 @@ class RunEvidence:
     comm_lib: str  # the comm library's version torch records (NCCL's "2.27.5"), "" where it is not written
     world: int | None  # the world it states (its default group's size, or the shim's world_size)
     start_ns: int | None  # its oldest entry's creation
-    end_ns: int | None  # its newest time: an entry's, an unfinished entry's creation plus its timeout, the dump's own
+    end_ns: int | None  # its newest time: an entry's, or the dump's own
+    until_ns: int | None  # as late as it may have been dumped: ``end_ns``, or an unfinished entry's creation + timeout
     groups: dict[tuple[str, str, Sequence[int]], GroupMarks]  # (name, recorder, members) -> marks
     only_active: bool  # no entry completed: TORCH_INCLUDE_ONLY_ACTIVE=1 may have dropped those that did
     timeout_ms: int | None = None  # the longest timeout among its newest entries

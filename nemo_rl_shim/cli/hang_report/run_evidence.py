@@ -12,9 +12,10 @@ holds dumps of several runs; :mod:`.run_split` tells them apart from what each d
 * **Times.** ``time_created_ns`` and the ``time_discovered_*`` times are ``c10::getTime()``, the wall clock
   (``CLOCK_REALTIME``) of the rank's host. The oldest creation among the first entries (buffer order is record
   order: ``dump_entries`` starts at the ring's oldest), and the newest time among the last entries: a time an entry
-  holds, or, for an entry not completed, its creation plus its timeout (torch's watchdog dumps at a timeout, so no
-  earlier: ``ProcessGroupNCCL``'s watchdog and heartbeat monitor), or the shim's own ``dump_time_ns``. torch writes
-  no dump time of its own (``dump_dict`` holds none).
+  holds, or the shim's own ``dump_time_ns`` (torch writes no dump time of its own: ``dump_dict`` holds none); and,
+  as late as the dump may have been written, an unfinished entry's creation plus its timeout (torch's watchdog dumps
+  at a timeout: ``ProcessGroupNCCL``'s watchdog and heartbeat monitor; not evidence of a record, since a coalesced
+  collective's ops and Gloo's entries are never completed).
 * **Collective marks per group** (:class:`~.records.GroupMarks`): the number and creation time of its first record,
   where the recorder's buffer never wrapped (its first entry's ``record_id`` is 0: the group's first record is the
   first the rank made of it); the number and completion time of its newest *completed*
@@ -79,24 +80,28 @@ def _time(raw: Mapping[str, Any], key: str) -> int | None:
     return value if is_count(value) else None
 
 
-def _end(raw: Mapping[str, Any]) -> int | None:
-    """An entry's newest time: what it holds, or, not completed, its creation plus its timeout."""
+def _end(raw: Mapping[str, Any], waits: bool) -> int | None:
+    """An entry's newest time; with ``waits``, and, not completed, its creation plus its timeout."""
     times = [_time(raw, k) for k in ("time_created_ns", "time_discovered_started_ns", "time_discovered_completed_ns")]
     created, timeout = times[0], _time(raw, "timeout_ms")
-    if raw.get("state") != "completed" and created is not None and timeout is not None:
+    if waits and raw.get("state") != "completed" and created is not None and timeout is not None:
         times.append(created + timeout * 1_000_000)
     found = [t for t in times if t is not None]
     return max(found) if found else None
 
 
-def _range(entries: Sequence[Any], dump_time: Any) -> tuple[int | None, int | None]:
-    """The buffer's oldest creation (among its first entries) and its newest time (among its last, and the dump's)."""
+def _range(entries: Sequence[Any], dump_time: Any) -> tuple[int | None, int | None, int | None]:
+    """The buffer's oldest creation (among its first entries), its newest time (among its last, and the dump's), and
+    as late as it may have been dumped."""
     firsts = [_time(e, "time_created_ns") for e in entries[:EDGE_ENTRIES] if type(e) is dict]
-    lasts = [_end(e) for e in entries[-EDGE_ENTRIES:] if type(e) is dict]
-    if is_count(dump_time):
-        lasts.append(dump_time)
     start = min((t for t in firsts if t is not None), default=None)
-    return start, max((t for t in lasts if t is not None), default=None)
+    found = []
+    for waits in (False, True):
+        lasts = [_end(e, waits) for e in entries[-EDGE_ENTRIES:] if type(e) is dict]
+        if is_count(dump_time):
+            lasts.append(dump_time)
+        found.append(max((t for t in lasts if t is not None), default=None))
+    return start, found[0], found[1]
 
 
 def _completed(raw: Mapping[str, Any], seq_key: str) -> tuple[int, int] | None:
@@ -139,7 +144,7 @@ def gather(
     record lists gives no marks); ``world``: the world it states."""
     entries = raw["entries"]
     shim = raw.get("nemo_rl_shim") or {}
-    start, end = _range(entries, shim.get("dump_time_ns"))
+    start, end, until = _range(entries, shim.get("dump_time_ns"))
     done = _done_marks(entries, set(firsts), seq_key)
     marks: dict[tuple[str, str, Sequence[int]], GroupMarks] = {}
     for key, index in firsts.items():
@@ -158,6 +163,7 @@ def gather(
         world=world,
         start_ns=start,
         end_ns=end,
+        until_ns=until,
         groups=marks,
         only_active=not any(type(e) is dict and e.get("state") == "completed" for e in entries),
         timeout_ms=_longest_timeout(entries),

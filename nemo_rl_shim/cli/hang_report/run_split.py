@@ -24,7 +24,10 @@ set aside, never merged (a stale dump never stands in for a rank that left none)
 
 Dumps are placed newest first (by their newest time), each into the first run whose evidence it agrees with, else a
 run of its own: the newest run forms first, older dumps meet it. Only contradictions split; where evidence is
-missing (a dump with no entry, Gloo's groups that no record lists) dumps stay together. Runs are numbered in time
+missing (a dump with no entry, Gloo's groups that no record lists) dumps stay together. But agreement is not yet
+proof: a verdict that every rank agrees also needs the run's time ranges to meet (:func:`time_hole`: no stretch
+longer than :data:`CLOCK_SKEW_NS` that no dump of the run holds a record of); a run made of dumps minutes apart
+that nothing else tells apart is one run that cannot be proved so. Runs are numbered in time
 order, 1 the oldest. The report is about the run ``--run`` names, else the newest *complete* run (every rank of a
 world a record states left a dump in it), else the newest run.
 """
@@ -42,13 +45,13 @@ from nemo_rl_shim.cli.hang_report.world import World, stated_world
 from nemo_rl_shim.one_line.printable import shown_path
 from nemo_rl_shim.one_line.rank_ranges import format_ranks
 
-__all__ = ["CLOCK_SKEW_NS", "MIN_RUN_GAP_NS", "Run", "choose_run", "run_gap_ns", "split_runs"]
+__all__ = ["CLOCK_SKEW_NS", "MIN_RUN_GAP_NS", "Run", "choose_run", "for_runs", "run_gap_ns", "split_runs", "time_hole"]
 
 #: Hosts' wall clocks may differ by this much (NTP keeps a cluster within milliseconds; generous).
 CLOCK_SKEW_NS = 60 * 10**9
 #: Dumps of one run are never further apart in time than this (or twice the longest timeout, if longer).
 MIN_RUN_GAP_NS = 30 * 60 * 10**9
-_EMPTY = RunEvidence("", "", None, None, None, {}, False)
+_EMPTY = RunEvidence("", "", None, None, None, None, {}, False)
 
 
 def run_gap_ns(a: RunEvidence, b: RunEvidence) -> int:
@@ -99,6 +102,7 @@ class Run:
     number: int = 0
     start_ns: int | None = None
     end_ns: int | None = None
+    until_ns: int | None = None
     version: str = ""
     comm_lib: str = ""
     world: int | None = None
@@ -110,8 +114,8 @@ class Run:
 
     @property
     def evidence(self) -> RunEvidence:
-        return RunEvidence(self.version, self.comm_lib, self.world, self.start_ns, self.end_ns, {}, False,
-                           self.timeout_ms)  # fmt: skip
+        return RunEvidence(self.version, self.comm_lib, self.world, self.start_ns, self.end_ns, self.until_ns, {},
+                           False, self.timeout_ms)  # fmt: skip
 
     def describe(self) -> str:
         """``run 2: 3 dumps (ranks 0-2), 2026-01-02 10:00:00 UTC to 2026-01-02 10:12:01 UTC``."""
@@ -194,10 +198,10 @@ def _collectives(e: RunEvidence, run: Run) -> str | None:
 
 def _times(e: RunEvidence, run: Run) -> str | None:
     gap = run_gap_ns(e, run.evidence)
-    if e.end_ns is not None and run.start_ns is not None and e.end_ns + gap < run.start_ns:
-        return f"its newest record is {_apart(run.start_ns - e.end_ns)} older than the run's oldest"
-    if e.start_ns is not None and run.end_ns is not None and run.end_ns + gap < e.start_ns:
-        return f"its oldest record is {_apart(e.start_ns - run.end_ns)} newer than the run's newest"
+    if e.until_ns is not None and run.start_ns is not None and e.until_ns + gap < run.start_ns:
+        return f"its newest record is {_apart(run.start_ns - (e.end_ns or e.until_ns))} older than the run's oldest"
+    if e.start_ns is not None and run.until_ns is not None and run.until_ns + gap < e.start_ns:
+        return f"its oldest record is {_apart(e.start_ns - (run.end_ns or run.until_ns))} newer than the run's newest"
     return None
 
 
@@ -225,6 +229,8 @@ def _add(dump: RankDump, run: Run) -> None:
         run.start_ns = e.start_ns if run.start_ns is None else min(run.start_ns, e.start_ns)
     if e.end_ns is not None:
         run.end_ns = e.end_ns if run.end_ns is None else max(run.end_ns, e.end_ns)
+    if e.until_ns is not None:
+        run.until_ns = e.until_ns if run.until_ns is None else max(run.until_ns, e.until_ns)
     for name, facts in dump.groups.items():
         if facts.stated and (name, facts.ranks) not in run.listed:
             run.listed[(name, facts.ranks)] = dump.path
@@ -293,6 +299,29 @@ def choose_run(runs: Sequence[Run], directory: Path, wanted: int | None = None, 
             why = conflict(newest, chosen) or "its evidence disagrees with another run's"
             run.aside = f"{shown_path(_relative(newest.path, directory))}: {why}"
     return chosen
+
+
+def time_hole(run: Run) -> tuple[int, int] | None:
+    """The longest stretch, past :data:`CLOCK_SKEW_NS`, between the run's oldest and newest times that no dump of it
+    holds a record of: ``(from, to)`` in ns; None where the dumps' time ranges meet."""
+    spans = sorted((e.start_ns, e.end_ns) for d in run.dumps.values() if (e := d.evidence) and e.start_ns and e.end_ns)
+    hole, reach = None, None
+    for start, end in spans:
+        if reach is not None and start - reach > CLOCK_SKEW_NS and (hole is None or start - reach > hole[1] - hole[0]):
+            hole = (reach, start)
+        reach = end if reach is None else max(reach, end)
+    return hole
+
+
+def describe_hole(run: Run, hole: tuple[int, int]) -> str:
+    """Which dumps end before a hole and which begin after it."""
+    before = [r for r, d in run.dumps.items() if d.evidence and d.evidence.end_ns and d.evidence.end_ns <= hole[0]]
+    after = [r for r, d in run.dumps.items() if d.evidence and d.evidence.start_ns and d.evidence.start_ns >= hole[1]]
+    return (
+        f"no dump holds a record from {_when(hole[0])} to {_when(hole[1])} ({_apart(hole[1] - hole[0])}): the "
+        f"records of rank{'s' * (len(before) != 1)} {format_ranks(before)} end before, those of "
+        f"rank{'s' * (len(after) != 1)} {format_ranks(after)} begin after"
+    )
 
 
 def for_runs(runs: Sequence[Run], chosen: Run) -> Mapping[str, Any]:
