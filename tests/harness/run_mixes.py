@@ -94,8 +94,9 @@ def link(folder: Path, source: int, target: int, symbolic: bool = False) -> None
 
 def copy(folder: Path, source: int, target: int) -> None:
     """``target``'s file a copy of ``source``'s."""
+    data = _path(folder, source).read_bytes()  # before the target goes: the source may be a link to it
     _path(folder, target).unlink(missing_ok=True)
-    shutil.copyfile(_path(folder, source), _path(folder, target))
+    _path(folder, target).write_bytes(data)
 
 
 def swap(folder: Path, a: int, b: int) -> None:

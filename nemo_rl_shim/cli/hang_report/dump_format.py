@@ -611,7 +611,8 @@ def _members(
     else:  # checked as it was read (read_sidecar)
         groups = dict(sidecar.get("groups") or {})
         where = shown_path(sidecar["path"]) if sidecar.get("path") is not None else "its group map"
-    for name, facts in groups_from_pg_config(raw.get("pg_config") or {}, rank, path, reading.budget).items():
+    without: dict[str, GroupFacts] = {}
+    for name, facts in groups_from_pg_config(raw.get("pg_config") or {}, rank, path, reading.budget, without).items():
         known = groups.setdefault(name, facts)
         if known.stated and known.ranks != facts.ranks and set(known.ranks) != set(facts.ranks):
             raise DumpError(
@@ -620,7 +621,7 @@ def _members(
             )
     listed = default_ranks(groups)
     for name, desc in entry_groups.items():
-        facts = groups.get(name)
+        facts = groups.get(name) or without.get(name)
         if facts is None:
             groups[name] = GroupFacts((rank,), stated=False, desc=desc)
         elif rank not in facts.ranks:

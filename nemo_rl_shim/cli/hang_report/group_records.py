@@ -109,9 +109,16 @@ def groups_from_map(groups: Any, where: str, budget: Budget | None = None) -> di
     return found
 
 
-def groups_from_pg_config(pg_config: Mapping[Any, Any], rank: int, path: Path, budget: Budget) -> dict[str, GroupFacts]:
+def groups_from_pg_config(
+    pg_config: Mapping[Any, Any],
+    rank: int,
+    path: Path,
+    budget: Budget,
+    without: dict[str, GroupFacts] | None = None,
+) -> dict[str, GroupFacts]:
     """torch's ``pg_config``, where a group is named and this rank is among its ranks (Gloo's ``''`` never is); a
-    default group (``default_pg``) without this rank is refused: the dump places its own rank outside its world."""
+    default group (``default_pg``) without this rank is refused: the dump places its own rank outside its world.
+    ``without``: filled with the groups it lists without this rank (a rank's own entries may not name them)."""
     groups = {}
     for name, facts in pg_config.items():
         budget.spend(1, f"{shown_path(path)}: pg_config")
@@ -130,7 +137,9 @@ def groups_from_pg_config(pg_config: Mapping[Any, Any], rank: int, path: Path, b
             budget.spend(len(ranks), f"{key}.ranks")
         if rank in ranks:
             groups[group_name(name)] = GroupFacts(ranks, stated=True, desc=clean(desc))
-        elif desc == "default_pg" and ranks:  # torch's default group is the world, and every rank is in it
+        elif without is not None:
+            without[group_name(name)] = GroupFacts(ranks, stated=True, desc=clean(desc))
+        if rank not in ranks and desc == "default_pg" and ranks:  # the default group is the world: every rank is in it
             raise DumpError(
                 f"{shown_path(path)}: rank {rank} is outside the world of {len(ranks):,} ranks (the default group its "
                 f"own pg_config lists, ranks {format_ranks(ranks)})"

@@ -191,7 +191,8 @@ def test_p2p_on_gloo_cannot_be_told_and_does_not_exit_0(worlds, name: str, capfd
         return
     assert main(["hang-report", str(worlds[name]["dir"])]) == 2
     err = capfd.readouterr().err  # exit 2 is one line naming the input (#43)
-    assert err.startswith(f"hang-report: {worlds[name]['dir']}: its 4 dumps hold no entry") and err.count("\n") == 1, err
+    assert err.startswith(f"hang-report: {worlds[name]['dir']}: its 4 dumps hold no entry"), err
+    assert err.count("\n") == 1, err
 
 
 def test_a_dead_rank_is_named_before_the_rank_waiting_on_it(worlds) -> None:
