@@ -108,6 +108,9 @@ def check_p2p_sides(path: Path, rank: int, groups: Mapping[str, GroupFacts], ops
 def collective_gaps(numbers: array.array) -> tuple[tuple[int, ...], tuple[int, int]]:
     """The numbers missing between a group's first and last kept collective (the first :data:`GAPS_KEPT`), and
     ``(first, last)``; ``numbers`` in buffer order, repeats allowed (see the module docstring)."""
+    first = numbers[0]
+    if numbers == array.array(numbers.typecode, range(first, first + len(numbers))):
+        return (), (first, numbers[-1])  # the usual case, compared in C: each number once, in order, none missing
     low, high = min(numbers), max(numbers)
     present = set(numbers)  # a repeat may hide a gap from a count alone
     if len(present) == high - low + 1:

@@ -43,7 +43,7 @@ from nemo_rl_shim.one_line.printable import clean
 __all__ = ["EDGE_ENTRIES", "LOOK_BACK", "every_input_op", "gather"]
 
 #: Entries read at each end of the buffer for its time range.
-EDGE_ENTRIES = 16
+EDGE_ENTRIES = 8
 #: Per group, entries looked back through for its newest completed collective of :func:`every_input_op`.
 LOOK_BACK = 64
 #: A recorder a dump does not account for: taken as wrapped (no first record is claimed of it).
@@ -80,28 +80,28 @@ def _time(raw: Mapping[str, Any], key: str) -> int | None:
     return value if is_count(value) else None
 
 
-def _end(raw: Mapping[str, Any], waits: bool) -> int | None:
-    """An entry's newest time; with ``waits``, and, not completed, its creation plus its timeout."""
-    times = [_time(raw, k) for k in ("time_created_ns", "time_discovered_started_ns", "time_discovered_completed_ns")]
-    created, timeout = times[0], _time(raw, "timeout_ms")
-    if waits and raw.get("state") != "completed" and created is not None and timeout is not None:
-        times.append(created + timeout * 1_000_000)
-    found = [t for t in times if t is not None]
-    return max(found) if found else None
-
-
-def _range(entries: Sequence[Any], dump_time: Any) -> tuple[int | None, int | None, int | None]:
-    """The buffer's oldest creation (among its first entries), its newest time (among its last, and the dump's), and
-    as late as it may have been dumped."""
+def _times(entries: Sequence[Any], dump_time: Any) -> tuple[int | None, int | None, int | None, int | None]:
+    """In one pass over the buffer's first and last :data:`EDGE_ENTRIES` entries: its oldest creation; its newest
+    time (an entry's, or the dump's); as late as it may have been dumped (an unfinished entry's creation plus its
+    timeout, too); and the longest timeout among its newest entries."""
     firsts = [_time(e, "time_created_ns") for e in entries[:EDGE_ENTRIES] if type(e) is dict]
     start = min((t for t in firsts if t is not None), default=None)
-    found = []
-    for waits in (False, True):
-        lasts = [_end(e, waits) for e in entries[-EDGE_ENTRIES:] if type(e) is dict]
-        if is_count(dump_time):
-            lasts.append(dump_time)
-        found.append(max((t for t in lasts if t is not None), default=None))
-    return start, found[0], found[1]
+    end = until = dump_time if is_count(dump_time) else None
+    longest = None
+    for raw in entries[-EDGE_ENTRIES:]:
+        if type(raw) is not dict:
+            continue
+        created, timeout = _time(raw, "time_created_ns"), _time(raw, "timeout_ms")
+        for t in (created, _time(raw, "time_discovered_started_ns"), _time(raw, "time_discovered_completed_ns")):
+            if t is not None and (end is None or t > end):
+                end = t
+        if timeout is not None and (longest is None or timeout > longest):
+            longest = timeout
+        if raw.get("state") != "completed" and created is not None and timeout is not None:
+            waits = created + timeout * 1_000_000
+            until = waits if until is None or waits > until else until
+    until = end if until is None or (end is not None and end > until) else until
+    return start, end, until, longest
 
 
 def _completed(raw: Mapping[str, Any], seq_key: str) -> tuple[int, int] | None:
@@ -144,7 +144,7 @@ def gather(
     record lists gives no marks); ``world``: the world it states."""
     entries = raw["entries"]
     shim = raw.get("nemo_rl_shim") or {}
-    start, end, until = _range(entries, shim.get("dump_time_ns"))
+    start, end, until, longest = _times(entries, shim.get("dump_time_ns"))
     done = _done_marks(entries, set(firsts), seq_key)
     marks: dict[tuple[str, str, Sequence[int]], GroupMarks] = {}
     for key, index in firsts.items():
@@ -166,11 +166,5 @@ def gather(
         until_ns=until,
         groups=marks,
         only_active=not any(type(e) is dict and e.get("state") == "completed" for e in entries),
-        timeout_ms=_longest_timeout(entries),
+        timeout_ms=longest,
     )
-
-
-def _longest_timeout(entries: Sequence[Any]) -> int | None:
-    """The longest timeout among the newest entries."""
-    found = [_time(e, "timeout_ms") for e in entries[-EDGE_ENTRIES:] if type(e) is dict]
-    return max((t for t in found if t is not None), default=None)

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from nemo_rl_shim.cli import hang_report
+from nemo_rl_shim.cli.hang_report.file_identity import ENDS, fingerprint, same_bytes
 from nemo_rl_shim.cli.hang_report.recording_rules import GAPS_KEPT, collective_gaps
 from nemo_rl_shim.cli.hang_report.run_split import MIN_RUN_GAP_NS
 from nemo_rl_shim.cli.main import main
@@ -300,6 +301,20 @@ def test_a_copy_under_another_ranks_name_is_refused(tmp_path: Path, capfd) -> No
     code, _, err = _run(folder, capfd)
     assert code == 2
     _one_line(err, f"{folder / PREFIX}0 and {folder / PREFIX}2 hold the same", "rank 0's dump cannot also be rank 2's")
+
+
+def test_files_that_differ_only_in_their_middle_are_not_copies(tmp_path: Path) -> None:
+    """The fingerprint reads a file's ends: two files alike there are compared in full before any is refused."""
+    ends = b"e" * ENDS
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.write_bytes(ends + b"1" * 100 + ends)
+    b.write_bytes(ends + b"2" * 100 + ends)
+    prints = {0: (a, fingerprint(a.read_bytes())), 1: (b, fingerprint(b.read_bytes()))}
+    assert prints[0][1] == prints[1][1]
+    same_bytes(prints)
+    b.write_bytes(a.read_bytes())
+    with pytest.raises(hang_report.DumpError, match="hold the same"):
+        same_bytes(prints)
 
 
 def test_a_p2p_name_that_says_another_rank_wrote_the_file_is_refused(tmp_path: Path, capfd) -> None:
