@@ -10,12 +10,12 @@ holds dumps of several runs; :mod:`.run_split` tells them apart from what each d
   ``world_size``); each group's members as its record lists them (``record_pg_ranks``, from the process group's
   own ``global_ranks_in_group``).
 * **Times.** ``time_created_ns`` and the ``time_discovered_*`` times are ``c10::getTime()``, the wall clock
-  (``CLOCK_REALTIME``) of the rank's host. The oldest creation among the first entries (buffer order is record
-  order: ``dump_entries`` starts at the ring's oldest), and the newest time among the last entries: a time an entry
-  holds, or the shim's own ``dump_time_ns`` (torch writes no dump time of its own: ``dump_dict`` holds none); and,
-  as late as the dump may have been written, an unfinished entry's creation plus its timeout (torch's watchdog dumps
-  at a timeout: ``ProcessGroupNCCL``'s watchdog and heartbeat monitor; not evidence of a record, since a coalesced
-  collective's ops and Gloo's entries are never completed).
+  (``CLOCK_REALTIME`` on Linux: ``c10/util/ApproximateClock.h``) of the rank's host. The oldest creation among
+  the first entries (buffer order is record order: ``dump_entries`` starts at the ring's oldest), and the newest
+  time among the last entries: a time an entry holds, or the shim's own ``dump_time_ns`` (torch writes no dump time
+  of its own: ``dump_dict`` holds none); and, as late as the dump may have been written, an unfinished entry's
+  creation plus its timeout (torch's watchdog dumps at a timeout: ``ProcessGroupNCCL``'s watchdog and heartbeat
+  monitor; not evidence of a record, since a coalesced collective's ops and Gloo's entries are never completed).
 * **Collective marks per group** (:class:`~.records.GroupMarks`): the number and creation time of its first record,
   where the recorder's buffer never wrapped (its first entry's ``record_id`` is 0: the group's first record is the
   first the rank made of it); the number and completion time of its newest *completed*
