@@ -239,6 +239,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="the run's world size, where no dump states it (torch's own Gloo dumps): ranks 0 to N-1 must each have "
         "left a dump; the dumps' records must agree",
     )
+    hang.add_argument(
+        "--run",
+        type=_run_number,
+        metavar="N",
+        help="where DIR holds several runs' dumps (the report names each, 1 the oldest), report on run N; without it, "
+        "the newest complete run is reported on, and a folder of several runs never gives exit 0",
+    )
     hang.add_argument("--json", action="store_true", help="print JSON")
     hang.add_argument(
         "--torch-analyzer",
@@ -259,6 +266,12 @@ def _world_size(text: str) -> int:
     if value is None or not 0 < value <= _MAX_WORLD:
         raise argparse.ArgumentTypeError(f"a world of 1 to {_MAX_WORLD:,} ranks in ASCII digits, got {text[:40]!r}")
     return value
+
+
+def _run_number(text: str) -> int:
+    if not text.isascii() or not text.isdigit() or len(text) > 6 or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"a run's number, 1 or more, got {text[:40]!r}")
+    return int(text)
 
 
 def _progress(message: str) -> None:
@@ -297,7 +310,7 @@ def _hang_report(args: argparse.Namespace, out: TextIO) -> int:
         print(encodable(line), file=out, flush=True)
 
     code, text = hang_report.main(
-        args.dir, as_json=args.json, with_torch=args.torch_analyzer, world=args.world, early=early
+        args.dir, as_json=args.json, with_torch=args.torch_analyzer, world=args.world, early=early, run=args.run
     )
     if not args.json:
         print(text, file=sys.stderr if code == hang_report.EXIT_UNREADABLE else out)

@@ -7,13 +7,23 @@ where, the others waited. Then the groups by shape, the other findings, the stac
 grouped, the outliers first), the dumps, and, with ``--torch-analyzer``, what torch's own analyzer made of them.
 
 Split by job, as torch's own ``flight_recorder/`` keeps loader, builder and types apart:
-:mod:`.folder` (which files of a folder are one run's), :mod:`.loader` (reading them in forked readers bounded by
+:mod:`.folder` (which files of a folder may be one run's, by their names), :mod:`.file_identity` (each file is its
+rank's: no link, no copy), :mod:`.loader` (reading them in forked readers bounded by
 their bytes), :mod:`.dump_format` (torch's dump format, read as untrusted input through :mod:`.safe_pickle` and
-:mod:`nemo_rl_shim.cli.untrusted_file`, bounded by :mod:`.bounds`), :mod:`.group_records` (a group's members as a
-record lists them), :mod:`.schema` (every field checked, before a healthy verdict), :mod:`.records` (the typed
+:mod:`nemo_rl_shim.cli.untrusted_file`, bounded by :mod:`.bounds`), :mod:`.recording_rules` (what torch's recorder
+guarantees of one dump, each rule citing its torch code), :mod:`.run_evidence` and :mod:`.run_split` (which dumps
+are one run, proved from what they hold, and which run is reported on), :mod:`.group_records` (a group's members as a
+record lists them), :mod:`.group_identity` (a group is its rank set, whatever its name), :mod:`.schema` (every field
+checked, before a healthy verdict), :mod:`.records` (the typed
 records), :mod:`.world` (the run's ranks, from records or ``--world``), :mod:`.analysis` (who did not join),
 :mod:`.torch_analyzer` (torch's analyzer, one line whatever it does), :mod:`.stacks` (the stack files),
 :mod:`.where` (the first line, with places) and :mod:`.render` (text and JSON). This module is the command.
+
+**One run.** A folder may hold several runs' dumps (torch's default prefix is shared by every job on a node; a
+restart writes where the last run wrote). The report is about one run, proved (:mod:`.run_split`): the run
+``--run N`` names, else the newest complete one; the others are named with their files and time ranges and set
+aside, never merged, and a rank missing from the run reported on left no dump, whatever an older run left. Without
+``--run``, a folder of several runs never gives exit 0.
 
 Exit codes: 0 only with evidence: every rank of a known world left a dump, every group's last collective is known
 to have finished, and every field of every dump was checked; 1 a stall, an unfinished collective or p2p op, a
@@ -31,6 +41,7 @@ asked for (``tests/test_layers.py`` holds both, from the sources and in a fresh 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Callable, Mapping
@@ -40,12 +51,15 @@ from typing import Any
 
 from nemo_rl_shim.cli.hang_report import torch_analyzer
 from nemo_rl_shim.cli.hang_report.analysis import CANNOT_TELL, Analysis, Finding, GroupState, analyse
+from nemo_rl_shim.cli.hang_report.file_identity import same_bytes, same_inode
 from nemo_rl_shim.cli.hang_report.folder import RunFiles, find_run
+from nemo_rl_shim.cli.hang_report.group_identity import distinguish_groups
 from nemo_rl_shim.cli.hang_report.kinds import Kind, classify
 from nemo_rl_shim.cli.hang_report.loader import DumpError, RankDump, confirm_dumps, load_dumps, read_sidecars
 from nemo_rl_shim.cli.hang_report.progress import Progress, judge_all
 from nemo_rl_shim.cli.hang_report.quick import QuickLine, quick_line
 from nemo_rl_shim.cli.hang_report.render import render_text, report_json
+from nemo_rl_shim.cli.hang_report.run_split import Run, choose_run, describe_hole, for_runs, split_runs, time_hole
 from nemo_rl_shim.cli.hang_report.stacks import RankStack, read_stacks
 from nemo_rl_shim.cli.hang_report.world import World, check_ranks, stated_world
 from nemo_rl_shim.flight_recorder.names import DUMP_FILE_NAME
@@ -88,6 +102,8 @@ class HangReport:
     run: RunFiles | None = None
     progress: dict[int, Progress] | None = None  # judged from the stacks (and their counters) when not given
     quick: QuickLine | None = None  # the first line given before every entry was read (:mod:`.quick`)
+    runs: list[Run] = field(default_factory=list)  # the folder's runs (:mod:`.run_split`), oldest first
+    chosen: Run | None = None  # the run reported on
 
     def __post_init__(self) -> None:
         if self.progress is None:
@@ -138,12 +154,25 @@ class HangReport:
     @property
     def line(self) -> str:
         """The first line: the kind, who did not join and where it is, what to do; or that every rank agrees; then,
-        where a rule chose the run's dumps among several runs', that rule."""
+        where a rule chose the run's dumps among several runs', that rule; where the folder held several runs, which
+        one this is and what was set aside; and the strays, named."""
+        notes = []
         rule = self.run.rule if self.run is not None else ""
         if rule and self.run is not None:
             left = ", ".join(f"{shown_path(p)}<rank>" for p in sorted(self.run.left)[:3])
-            return self.kind.line_with(f"[{rule}; not read: {left}]")
-        return self.kind.line
+            notes.append(f"{rule}; not read: {left}")
+        if len(self.runs) > 1 and self.chosen is not None:
+            aside = [r for r in self.runs if r is not self.chosen]
+            notes.append(
+                f"run {self.chosen.number} of {len(self.runs)} in the folder; set aside: "
+                + "; ".join(f"run {r.number} ({r.files(2, self.directory)})" for r in aside[:2])
+                + (f" and {len(aside) - 2} more runs" if len(aside) > 2 else "")
+            )
+        if self.run is not None and self.run.strays:
+            strays = self.run.strays
+            more = f" and {len(strays) - 1:,} more" if len(strays) > 1 else ""
+            notes.append(f"not dumps, not read: {shown_path(strays[0].name)}{more} (not a rank's name)")
+        return self.kind.line_with(f"[{'; '.join(notes)}]") if notes else self.kind.line
 
     def to_json(self) -> dict[str, Any]:
         payload = report_json(self.line, self.exit_code, self.analysis, self.directory, self.torch, self.stacks)
@@ -153,7 +182,28 @@ class HangReport:
         payload["progress"] = {rank: found.to_json() for rank, found in sorted((self.progress or {}).items())}
         if self.run is not None and self.run.rule:
             payload["run"] = {"rule": self.run.rule, "not_read": sorted(self.run.left)}
+        if self.chosen is not None:
+            payload["runs"] = for_runs(self.runs, self.chosen)
+        if self.run is not None:
+            payload["strays"] = [shown_path(p) for p in self.run.strays]
         return payload
+
+    def runs_lines(self) -> list[str]:
+        """The text's lines on the runs, where the folder held several, and on the strays."""
+        lines = []
+        if len(self.runs) > 1 and self.chosen is not None:
+            lines += ["", f"runs ({len(self.runs)} in the folder; this report is on run {self.chosen.number}):"]
+            for run in self.runs:
+                if run is self.chosen:
+                    lines.append(f"  {run.describe()}: reported on")
+                else:
+                    lines.append(f"  {run.describe()}: set aside ({run.files(3, self.directory)}); {run.aside}")
+        if self.run is not None and self.run.strays:
+            lines += ["", "not dumps (named like one, but not <prefix><rank>, the rank in ASCII digits): not read"]
+            lines += [f"  {shown_path(p)}" for p in self.run.strays[:8]]
+            if len(self.run.strays) > 8:
+                lines.append(f"  and {len(self.run.strays) - 8:,} more")
+        return lines
 
 
 def _early_world(run: RunFiles, sidecars: Mapping[int, Mapping[str, Any]], world: int | None) -> World | None:
@@ -164,13 +214,23 @@ def _early_world(run: RunFiles, sidecars: Mapping[int, Mapping[str, Any]], world
     return stated
 
 
+#: Files outside the world the lowest rank's dump states that are still read (as another run's, to be set aside):
+#: past this many, they are refused unread (100,000 stray files cost their names, not their reading).
+OUTSIDE_READ = 4096
+
+
 def _check_first(run: RunFiles, sidecars: Mapping[int, Mapping[str, Any]], world: int | None) -> Any:
-    """What the lowest rank's dump states of the world, checked against every file rank before the others are read."""
+    """What the lowest rank's dump states of the world, checked against every file rank before the others are read;
+    then no two rank names may be one file. Where ``--world`` or a group map states the world, every file outside it
+    was refused already (:func:`_early_world`); where only the lowest rank's dump does, up to :data:`OUTSIDE_READ`
+    files outside it are read: another run's (a run of a larger world that wrote here before), which
+    :mod:`.run_split` sets aside, or a file whose own record places it outside, which the analysis refuses."""
 
     def check(first: RankDump) -> None:
         stated = stated_world({first.rank: first}, sidecars, world)
-        if stated is not None:
+        if stated is not None and sum(1 for r in run.dumps if r >= stated.size) > OUTSIDE_READ:
             check_ranks(stated, run.dumps, run.dumps)
+        same_inode(run.dumps)  # two rank names of one file: refused before the others are read
 
     return check
 
@@ -196,6 +256,34 @@ def quick_first_line(
     return quick_line(run, sidecars, stacks, progress, world)
 
 
+def _several_runs(runs: list[Run], chosen: Run, directory: Path) -> Finding:
+    """Without ``--run``, a folder of several runs gives no verdict of agreement: which run is meant is not proved."""
+    listed = "; ".join(run.describe() for run in runs[-3:])
+    detail = (
+        f"cannot tell whether run {chosen.number} is the run meant: {shown_path(directory)} holds {len(runs)} runs "
+        f"({listed}); name it with --run {chosen.number} for its own verdict"
+    )
+    everyone = GroupState("", range(0), ["runs"])
+    return Finding("several runs", everyone, [], 0, "", [], None, 0, detail)
+
+
+def _unproved(chosen: Run, hole: tuple[int, int]) -> Finding:
+    """A run whose dumps' time ranges do not meet gives no verdict of agreement: that they are one run is not
+    proved."""
+    detail = f"cannot tell that the {len(chosen.dumps)} dumps are one run: {describe_hole(chosen, hole)}"
+    return Finding("unproved run", GroupState("", range(0), ["runs"]), [], 0, "", [], None, 0, detail)
+
+
+def _no_entry(report: HangReport, directory: Path) -> DumpError:
+    """The dumps hold no entry to compare, and nothing else was found: one line naming the input."""
+    dumps = sorted(report.dumps.values(), key=lambda d: d.rank)
+    what = shown_path(dumps[0].path) if len(dumps) == 1 else f"{shown_path(directory)}: its {len(dumps)} dumps"
+    return DumpError(
+        f"{what} {'holds' if len(dumps) == 1 else 'hold'} no entry to compare (torch's Gloo recorder records no "
+        "send/recv; a recorder made with TORCH_FR_BUFFER_SIZE=0 records nothing)"
+    )
+
+
 def build_report(
     directory: str | Path,
     *,
@@ -203,9 +291,12 @@ def build_report(
     world: int | None = None,
     environ: Mapping[str, str] | None = None,
     early: Callable[[str], None] | None = None,
+    run: int | None = None,
 ) -> HangReport:
     """Read ``directory`` (one run's files in it and its subfolders) and analyse it; :class:`DumpError` when it cannot
     be read. ``world``: the run's world size where the user knows it (``--world``); the records must agree.
+    ``run``: the run to report on where the folder holds several (``--run N``: :mod:`.run_split` numbers them, 1 the
+    oldest); else the newest complete one, and then no exit 0.
 
     A healthy verdict is given only after every field of every dump was checked (:mod:`.schema`).
     ``with_torch``: run torch's analyzer too, after the shim's analysis. It imports torch, which nothing else
@@ -214,15 +305,25 @@ def build_report(
     newest entries tell it, before every entry is read.
     """
     directory = Path(directory)
-    run, sidecars, stacks, progress = _prepare(directory, world, environ)
-    quick = quick_line(run, sidecars, stacks, progress, world) if early is not None else None
+    files, sidecars, stacks, progress = _prepare(directory, world, environ)
+    quick = quick_line(files, sidecars, stacks, progress, world) if early is not None else None
     if quick is not None and early is not None:
         early(quick.line)
-    dumps = load_dumps(run, sidecars=sidecars, check_first=_check_first(run, sidecars, world))
-    analysis = analyse(dumps, world=world)
-    report = HangReport(directory, analysis, torch_analyzer.skipped(), stacks, run, progress, quick)
+    read = list(load_dumps(files, sidecars=sidecars, check_first=_check_first(files, sidecars, world)))
+    same_bytes({d.rank: (d.path, d.fingerprint) for d in read if d.n_entries})  # empty dumps may well be alike
+    runs = split_runs(read)
+    chosen = choose_run(runs, directory, run, world) if runs else None
+    dumps = distinguish_groups(chosen.dumps) if chosen is not None else {}
+    analysis = analyse([dumps[rank] for rank in sorted(dumps)], world=world)
+    report = HangReport(directory, analysis, torch_analyzer.skipped(), stacks, files, progress, quick, runs, chosen)
+    if chosen is not None and report.exit_code == EXIT_AGREE and (hole := time_hole(chosen)) is not None:
+        analysis.findings.append(_unproved(chosen, hole))  # agreement needs the run's records to meet in time
+    if len(runs) > 1 and run is None and chosen is not None and report.exit_code == EXIT_AGREE:
+        analysis.findings.append(_several_runs(runs, chosen, directory))  # the verdict is the named run's alone
+    if report.exit_code == EXIT_UNREADABLE:
+        raise _no_entry(report, directory)
     if report.exit_code == EXIT_AGREE:
-        confirm_dumps(run)
+        confirm_dumps(dataclasses.replace(files, dumps={r: files.dumps[r] for r in dumps}))
     if with_torch:
         report.torch = torch_analyzer.run(analysis.dumps)
     return report
@@ -230,7 +331,10 @@ def build_report(
 
 def render(report: HangReport) -> str:
     """The text ``nemo-rl-shim hang-report`` prints."""
-    return render_text(report.line, report.analysis, report.directory, report.torch, report.stacks, report.progress)
+    return render_text(
+        report.line, report.analysis, report.directory, report.torch, report.stacks, report.progress,
+        report.runs_lines(),
+    )  # fmt: skip
 
 
 def _refusal(directory: str, line: str, as_json: bool) -> tuple[int, str]:
@@ -258,6 +362,7 @@ def main(
     with_torch: bool = False,
     world: int | None = None,
     early: Callable[[str], None] | None = None,
+    run: int | None = None,
 ) -> tuple[int, str]:
     """The command: ``(exit code, text)``; a :class:`DumpError` is ``(2, its one line)``, or with ``as_json`` a JSON
     object that carries it (``line``, ``exit_code``, ``error``), so that ``--json`` is JSON on every path. Whatever
@@ -265,7 +370,7 @@ def main(
     exit 1 of a found stall). The text is always writable as UTF-8."""
     try:
         quick_first = early if not as_json else None
-        report = build_report(directory, with_torch=with_torch, world=world, early=quick_first)
+        report = build_report(directory, with_torch=with_torch, world=world, early=quick_first, run=run)
         text = json.dumps(report.to_json(), indent=2, default=str) if as_json else render(report)
         if quick_first is not None:
             text = _after_quick(text, report.quick)

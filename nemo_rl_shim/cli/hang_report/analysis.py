@@ -30,6 +30,10 @@ half of a ``cpu:gloo,cuda:nccl`` group count apart):
   after this op was posted, and the peer did its side; none, and its buffer still reaching back, and it did
   not; none, and its buffer not reaching back that far, and nobody is blamed.
 * **Mismatch.** At one sequence number, the odd one out by op or sizes; a tie names every rank.
+* **Gaps.** A rank's buffer that lacks a collective number between its group's first and last kept, where another
+  member's buffer holds that number or none spans it, is not the whole record torch keeps
+  (:mod:`.recording_rules`: torch records every collective it numbers; a number it burns, it burns on every rank):
+  what follows from that buffer cannot be told (``gap``), never "every rank agrees".
 * **Order of blame.** A mismatch first (what follows may be its consequence), then a rank with no
   dump, then the ranks that others wait on and that wait on no one, then their waiting peers; then what cannot be
   told: a world no record states (ranks above the highest dump may be missing), a collective not known to have
@@ -52,6 +56,7 @@ from typing import Any
 
 from nemo_rl_shim.cli.hang_report.dump_format import pg_status_of
 from nemo_rl_shim.cli.hang_report.frames import Frame, by_place, same_place
+from nemo_rl_shim.cli.hang_report.recording_rules import unexplained
 from nemo_rl_shim.cli.hang_report.records import DumpError, Entry, GroupKey, RankDump
 from nemo_rl_shim.cli.hang_report.world import GIVE_THE_WORLD, World, world_of
 from nemo_rl_shim.one_line.printable import shown_path
@@ -78,11 +83,14 @@ _PRIORITY = {
     "p2p": 2,
     "not finished": 3,
     "unclear": 4,
+    "gap": 5,
     "world unknown": 5,
     "unconfirmed": 6,
+    "unproved run": 7,
+    "several runs": 7,
 }
 #: Kinds that say what cannot be told, not what went wrong.
-CANNOT_TELL = ("world unknown", "unconfirmed")
+CANNOT_TELL = ("gap", "world unknown", "unconfirmed", "unproved run", "several runs")
 _OPPOSITE = {"send": "recv", "recv": "send"}
 _PAIR = "send/recv"  # the op of a finding on a send and its receive
 #: Places named on a line where ranks called the op from several (by group of ranks at one place, the fewest first).
@@ -193,7 +201,7 @@ class Finding:
         if self.kind == "p2p":
             places = _at(by_place(self.waiting, self.called_at), len(self.waiting))
             return f"{who} {self.detail} on {self.group.label}" + (f"; waiting at {places}" if places else "")
-        if self.kind in ("unclear", "world unknown"):
+        if self.kind in ("unclear", "world unknown", "gap", "unproved run", "several runs"):
             return self.detail
         if self.kind == "unconfirmed":
             return f"cannot tell whether {who} finished {where}: {self.detail}"
@@ -603,6 +611,38 @@ def _unclear_p2p(rank: int, peer: int, op: Entry, state: GroupState) -> Finding:
     return Finding("unclear", state, [], op.seq, op.op, [rank], None, op.created_ns, detail)
 
 
+def _gaps(dumps: dict[int, RankDump], state: GroupState) -> list[Finding]:
+    """A member's buffer that lacks a collective number it should hold (see the module docstring): one finding for
+    the group, naming its first such member."""
+    for rank in state.ranks:
+        dump = dumps.get(rank)
+        gaps = dump.gaps.get(state.key) if dump is not None else None
+        if not gaps:
+            continue
+        others = {
+            m: (dumps[m].gaps.get(state.key, ()), dumps[m].spans.get(state.key))
+            for m in state.ranks
+            if m in dumps and m != rank
+        }
+        found = unexplained(rank, gaps, others)
+        if found is None:
+            continue
+        number, holders, _ = found
+        low, high = dump.spans[state.key]
+        entry = state.entries.get(rank)
+        op = entry.op if entry else "collective"
+        if holders:
+            why = f"which {_ranks(holders)} recorded"
+        else:  # unexplained() gives a number no member holds only where no other buffer spans it
+            why = "and no other member's buffer spans it, to tell whether torch skipped it on every rank"
+        detail = (
+            f"cannot tell what rank {rank}'s dump says of {state.label}: it holds #{low} to #{high} but not #{number}, "
+            f"{why}; torch records every collective it numbers (a joined or edited file: {shown_path(dump.path)})"
+        )
+        return [Finding("gap", state, [rank], number, op, [], None, entry.created_ns if entry else 0, detail)]
+    return []
+
+
 def _world_missing(missing: list[int], groups: list[GroupState], world: World, dumps: dict[int, RankDump]) -> Finding:
     everyone = GroupState("", range(world.size), ["world"])
     known = {r for g in groups for r in g.missing}
@@ -656,6 +696,7 @@ def analyse(dumps_in: Iterable[RankDump], world: int | None = None) -> Analysis:
         state.out_of_reach = _out_of_reach(dumps, state)
     findings = [f for s in groups for f in (_mismatch(s, sigs.table, dumps), _stall(dumps, s)) if f is not None]
     findings += _p2p(dumps, {g.key: g for g in groups})
+    findings += [f for s in groups for f in _gaps(dumps, s)]
     missing = [r for r in range(the_world.size) if r not in dumps]
     placed = {m for g in groups for m in g.missing}
     if any(r not in placed for r in missing):

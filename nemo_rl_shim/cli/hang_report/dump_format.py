@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from nemo_rl_shim.cli.hang_report.bounds import MAX_INT64, MAX_WORLD, Budget, is_count, is_int, is_text
+from nemo_rl_shim.cli.hang_report.file_identity import fingerprint
 from nemo_rl_shim.cli.hang_report.frames import Frame, frame, user_frame
 from nemo_rl_shim.cli.hang_report.group_records import (
     default_ranks,
@@ -54,7 +55,9 @@ from nemo_rl_shim.cli.hang_report.group_records import (
     groups_from_pg_config,
     shim_problem,
 )
+from nemo_rl_shim.cli.hang_report.recording_rules import check_p2p_sides, collective_gaps, one_pickle, p2p_sides
 from nemo_rl_shim.cli.hang_report.records import DumpError, Entry, GroupFacts, GroupKey, P2PKey, RankDump, Recorder
+from nemo_rl_shim.cli.hang_report.run_evidence import gather
 from nemo_rl_shim.cli.hang_report.safe_pickle import RefusedPickle, load_plain
 from nemo_rl_shim.cli.untrusted_file import UntrustedFileError, read_untrusted
 from nemo_rl_shim.config.numbers import ascii_int
@@ -125,8 +128,15 @@ def dump_cap(environ: Mapping[str, str] | None = None) -> tuple[int, str]:
 
 
 def load_dump(path: Path, root: Path | None = None) -> tuple[dict[str, Any], int]:
-    """The dump as torch wrote it (plain data only, its top level checked) and its size in bytes; :class:`DumpError`
-    naming the file. ``root``: the folder it was found in, which a symlink must not leave."""
+    """The dump as torch wrote it (plain data only, one pickle and nothing after it, its top level checked) and its
+    size in bytes; :class:`DumpError` naming the file. ``root``: the folder it was found in, which a symlink must not
+    leave."""
+    raw, size, _ = _load(path, root)
+    return raw, size
+
+
+def _load(path: Path, root: Path | None) -> tuple[dict[str, Any], int, tuple[int, int]]:
+    """:func:`load_dump`, and the file's fingerprint (:func:`~.file_identity.fingerprint`)."""
     cap, how = dump_cap()
     try:
         data = read_untrusted(path, cap=cap, what="dump", root=root)
@@ -134,8 +144,9 @@ def load_dump(path: Path, root: Path | None = None) -> tuple[dict[str, Any], int
         raise DumpError(f"{e}{f' (the cap: {how})' if 'more than a dump' in str(e) else ''}") from None
     was_enabled = gc.isenabled()
     gc.disable()  # as torch's loader does: unpickling many small dicts otherwise runs the collector again and again
+    handle = io.BytesIO(data)
     try:
-        raw = load_plain(io.BytesIO(data))
+        raw = load_plain(handle)
     except RefusedPickle as e:
         raise DumpError(f"{shown_path(path)} is refused: {e}") from None
     except Exception as e:  # truncated, not a pickle, too deep, too big: one line, exit 2
@@ -143,10 +154,11 @@ def load_dump(path: Path, root: Path | None = None) -> tuple[dict[str, Any], int
     finally:
         if was_enabled:
             gc.enable()
+    one_pickle(len(data), handle.tell(), path)
     problem = _top_level_problem(raw)
     if problem:
         raise DumpError(f"{shown_path(path)} is not a flight-recorder dump: {problem}")
-    return raw, len(data)
+    return raw, len(data), fingerprint(data)
 
 
 def read_dump(path: Path, root: Path | None = None) -> dict[str, Any]:
@@ -186,13 +198,7 @@ def op_name(profiling_name: str) -> tuple[str, str, int | None]:
     if not rest:
         lib, rest = "", profiling_name
     op, _, where = rest.partition(" ")
-    peer = None
-    for arrow in ("->", "<-"):
-        if arrow in where:
-            with_peer = where.split(arrow, 1)[1]
-            given = ascii_int(with_peer)  # "²".isdigit() is true, and int("²") fails
-            peer = given if given is not None and given < 10**7 else None
-    return lib, op, peer
+    return lib, op, p2p_sides(where)[1]
 
 
 _BRACKETS = str.maketrans("()", "[]")
@@ -332,6 +338,7 @@ def _entry(raw: Mapping[str, Any], reading: _Reading) -> Entry:
     if not is_text(name) or len(name) > MAX_NAME or group is None:
         raise ValueError("'profiling_name' or 'process_group'")
     lib, op, peer = op_name(name)
+    me = p2p_sides(name.partition(" ")[2])[0] if op in _P2P_OPS else None
     p2p_seq, coll_seq = _optional_count(raw, "p2p_seq_id") or 0, _optional_count(raw, reading.seq_key) or 0
     is_p2p = _is_p2p(raw, reading.seq_key)
     sizes = raw.get("input_sizes", ())
@@ -353,6 +360,7 @@ def _entry(raw: Mapping[str, Any], reading: _Reading) -> Entry:
         pg_id=clean(str(pg_id), limit=40),
         is_p2p=is_p2p,
         peer=peer,
+        me=me,
         lib=clean(lib, limit=40),
         where=_call_site(raw, reading),
     )
@@ -378,6 +386,7 @@ class _Scan:
     table: dict[tuple[str, str], int] = field(default_factory=dict)
     by_id: list[tuple[str, str]] = field(default_factory=list)  # the table's keys by id
     last: dict[GroupKey, tuple[int, dict[str, Any]]] = field(default_factory=dict)
+    first: dict[GroupKey, int] = field(default_factory=dict)  # the index of the group's first collective
     p2p: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
     descs: dict[str, str] = field(default_factory=dict)
     tracks: bool = False
@@ -434,8 +443,9 @@ def _scan(entries: list[Any], reading: _Reading) -> _Scan:
         slot[1].append(last[2])
         slot[2], slot[3], slot[4] = index, seq, 1
     scan.tracks = tracks
-    for key, (seqs, ids, last_index, _, _) in slots.items():
+    for key, (seqs, ids, last_index, _, _, first_index) in slots.items():
         scan.seqs[key], scan.sig_ids[key], scan.last[key] = seqs, ids, (last_index, entries[last_index])
+        scan.first[key] = first_index
     for index, raw in p2p_entries:
         pg = _process_group(raw["process_group"])
         if pg is None:
@@ -455,7 +465,7 @@ def _signature(
     key = (group_name(pg[0]), clean(op_name(name)[0], limit=40))
     slot = slots.get(key)
     if slot is None:
-        slot = slots[key] = [array.array("q"), array.array("q"), index, -1, 0]
+        slot = slots[key] = [array.array("q"), array.array("q"), index, -1, 0, index]
         scan.descs.setdefault(key[0], clean(pg[1]))
     text = sizes_text(sizes) if len(sizes) <= COALESCED_OPS_KEPT else f"{len(sizes)} shapes"
     weight = len(sizes) + sum(len(shape) for shape in sizes)
@@ -593,18 +603,27 @@ def _members(
     """Each group's members as a record lists them (the shim's map, in the dump or else the sidecar; torch's
     ``pg_config``); a group known only from the entries is this rank alone, not stated. The default group's members
     as a record lists them (never from the entries). A rank whose entries place it in a group its own record lists
-    without it is refused."""
+    without it is refused; so is a rank whose records list one group as two rank sets (its group map and torch's
+    ``pg_config``: one process has one group under a name)."""
     path = reading.path
     shim = raw.get("nemo_rl_shim") or {}
     if shim.get("groups"):
         groups = groups_from_map(shim["groups"], f"{shown_path(path)}: nemo_rl_shim.groups", reading.budget)
+        where = "nemo_rl_shim.groups"
     else:  # checked as it was read (read_sidecar)
         groups = dict(sidecar.get("groups") or {})
-    for name, facts in groups_from_pg_config(raw.get("pg_config") or {}, rank, path, reading.budget).items():
-        groups.setdefault(name, facts)
+        where = shown_path(sidecar["path"]) if sidecar.get("path") is not None else "its group map"
+    without: dict[str, GroupFacts] = {}
+    for name, facts in groups_from_pg_config(raw.get("pg_config") or {}, rank, path, reading.budget, without).items():
+        known = groups.setdefault(name, facts)
+        if known.stated and known.ranks != facts.ranks and set(known.ranks) != set(facts.ranks):
+            raise DumpError(
+                f"{shown_path(path)}: {where} lists process group {name!r} as ranks {format_ranks(known.ranks)}, its "
+                f"pg_config as ranks {format_ranks(facts.ranks)}: one rank has one group under a name"
+            )
     listed = default_ranks(groups)
     for name, desc in entry_groups.items():
-        facts = groups.get(name)
+        facts = groups.get(name) or without.get(name)
         if facts is None:
             groups[name] = GroupFacts((rank,), stated=False, desc=desc)
         elif rank not in facts.ranks:
@@ -648,10 +667,12 @@ def summarize(
     """Read one dump and reduce it (see the module docstring); its entries are not kept (``keep``: a list to
     hold the raw dump instead of freeing it, for a reader process that ends without freeing). ``root``: the folder
     the dump was found in, which a symlink must not leave."""
-    raw, size = load_dump(path, root)
+    raw, size, found = _load(path, root)
     if keep is not None:
         keep.append(raw)
-    return reduce_dump(raw, size, path, name_rank, sidecar)
+    dump = reduce_dump(raw, size, path, name_rank, sidecar)
+    dump.fingerprint = found
+    return dump
 
 
 def reduce_dump(
@@ -673,12 +694,20 @@ def reduce_dump(
     seq_key = "seq_id" if entries and isinstance(entries[0], dict) and "seq_id" in entries[0] else "collective_seq_id"
     reading = _Reading(path, Budget.for_bytes(path, size), seq_key)
     scan = _scan(entries, reading)
-    p2p = _p2p([_checked_entry(reading, index, item) for index, item in scan.p2p])
+    p2p_ops = [_checked_entry(reading, index, item) for index, item in scan.p2p]
+    p2p = _p2p(p2p_ops)
     entry_groups = dict(scan.descs)
     groups, default = _members(raw, rank, side, reading, entry_groups)
     last = {key: _checked_entry(reading, index, item) for key, (index, item) in scan.last.items()}
     newest = _checked_entry(reading, len(entries) - 1, entries[-1]) if entries else None
+    check_p2p_sides(path, rank, groups, p2p_ops)
     version = raw.get("version", "")
+    recorders = _recorders(raw, entries, scan, reading)
+    world = len(default) if default is not None and len(default) else shim.get("world_size") or side.get("world_size")
+    spans = {key: collective_gaps(seqs) for key, seqs in scan.seqs.items() if len(seqs)}
+    evidence = gather(raw, seq_key, groups, scan.first, recorders, world)
+    gaps = {key: missing for key, (missing, _) in spans.items() if missing} if not evidence.only_active else {}
+    world_from = path if shim.get("world_size") else side.get("path") if side.get("world_size") else None
     return RankDump(
         rank=rank,
         path=path,
@@ -692,7 +721,7 @@ def reduce_dump(
         p2p_last=p2p.newest,
         p2p_count=p2p.count,
         latest=newest,
-        recorders=_recorders(raw, entries, scan, reading),
+        recorders=recorders,
         calls=_recent_calls(entries, last, reading),
         pg_status=_pg_status(raw, reading.budget),
         world_size=shim.get("world_size") or side.get("world_size"),
@@ -701,6 +730,11 @@ def reduce_dump(
         dump_time_ns=shim.get("dump_time_ns"),
         writer="nemo_rl_shim" if shim else "torch",
         backend=",".join(sorted({e.lib for e in [*last.values(), *p2p.newest.values(), *p2p.pending]} - {""})),
+        world_size_from=world_from,
+        comm_lib_version=evidence.comm_lib,
+        evidence=evidence,
+        gaps=gaps,
+        spans={key: span for key, (_, span) in spans.items()},
     )
 
 

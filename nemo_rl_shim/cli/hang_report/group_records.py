@@ -23,6 +23,7 @@ from nemo_rl_shim.cli.hang_report.records import DumpError, GroupFacts
 from nemo_rl_shim.cli.untrusted_file import UntrustedFileError, read_untrusted
 from nemo_rl_shim.one_line.exception import first_line
 from nemo_rl_shim.one_line.printable import clean, shown, shown_path
+from nemo_rl_shim.one_line.rank_ranges import format_ranks
 
 __all__ = [
     "SIDECAR_CAP",
@@ -108,8 +109,16 @@ def groups_from_map(groups: Any, where: str, budget: Budget | None = None) -> di
     return found
 
 
-def groups_from_pg_config(pg_config: Mapping[Any, Any], rank: int, path: Path, budget: Budget) -> dict[str, GroupFacts]:
-    """torch's ``pg_config``, where a group is named and this rank is among its ranks (Gloo's ``''`` never is)."""
+def groups_from_pg_config(
+    pg_config: Mapping[Any, Any],
+    rank: int,
+    path: Path,
+    budget: Budget,
+    without: dict[str, GroupFacts] | None = None,
+) -> dict[str, GroupFacts]:
+    """torch's ``pg_config``, where a group is named and this rank is among its ranks (Gloo's ``''`` never is); a
+    default group (``default_pg``) without this rank is refused: the dump places its own rank outside its world.
+    ``without``: filled with the groups it lists without this rank (a rank's own entries may not name them)."""
     groups = {}
     for name, facts in pg_config.items():
         budget.spend(1, f"{shown_path(path)}: pg_config")
@@ -128,6 +137,13 @@ def groups_from_pg_config(pg_config: Mapping[Any, Any], rank: int, path: Path, b
             budget.spend(len(ranks), f"{key}.ranks")
         if rank in ranks:
             groups[group_name(name)] = GroupFacts(ranks, stated=True, desc=clean(desc))
+        elif without is not None:
+            without[group_name(name)] = GroupFacts(ranks, stated=True, desc=clean(desc))
+        if rank not in ranks and desc == "default_pg" and ranks:  # the default group is the world: every rank is in it
+            raise DumpError(
+                f"{shown_path(path)}: rank {rank} is outside the world of {len(ranks):,} ranks (the default group its "
+                f"own pg_config lists, ranks {format_ranks(ranks)})"
+            )
     return groups
 
 

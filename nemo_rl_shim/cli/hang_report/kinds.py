@@ -18,8 +18,8 @@ most :data:`MAX_LINE_CHARS` characters. The kinds (``Kind.name``; ``variant`` sa
   receive posted) and none finished: the transport or a device, no rank blamed;
 * ``did_not_finish``: a rank entered and did not finish what its peers finished: its host;
 * ``unclear`` (someone waits, no buffer tells on whom), ``no_dump``, ``stayed_in_block`` (a stack alone),
-  ``cannot_tell`` (no entry to compare; or, variant ``unconfirmed`` or ``world unknown``, what the analysis cannot
-  tell) and ``agree``.
+  ``cannot_tell`` (no entry to compare; or, variant ``unconfirmed``, ``world unknown``, ``gap``, ``unproved run``
+  or ``several runs``, what the analysis cannot tell) and ``agree``.
 
 A circular wait comes before the stall it is made of; otherwise the first finding (:mod:`.analysis`'s order)
 decides, but for a missing dump whose peers finished the op it is named in, where another op of the same rank's
@@ -37,6 +37,7 @@ from typing import Any
 from nemo_rl_shim.cli.hang_report.analysis import CANNOT_TELL, Analysis, Finding
 from nemo_rl_shim.cli.hang_report.cycles import Cycle, find_cycle
 from nemo_rl_shim.cli.hang_report.progress import Progress
+from nemo_rl_shim.cli.hang_report.rank_lists import ranks_json
 from nemo_rl_shim.cli.hang_report.stacks import RankStack
 from nemo_rl_shim.cli.hang_report.suggest import Suggestion, longer_timeout
 from nemo_rl_shim.cli.hang_report.where import did_not_enter, finding_line, stalled_line
@@ -67,6 +68,9 @@ LABELS = {
     ("cannot_tell", None): "cannot tell",
     ("cannot_tell", "unconfirmed"): "cannot tell",
     ("cannot_tell", "world unknown"): "cannot tell",
+    ("cannot_tell", "gap"): "cannot tell",
+    ("cannot_tell", "unproved run"): "cannot tell",
+    ("cannot_tell", "several runs"): "cannot tell",
     ("agree", None): "every rank agrees",
 }
 _ALSO = re.compile(r" \(also [^()]*\)")
@@ -108,7 +112,7 @@ class Kind:
             "name": self.name,
             "variant": self.variant,
             "label": self.label,
-            "ranks": list(self.ranks),
+            "ranks": ranks_json(self.ranks),
             "evidence": self.evidence,
             "suggestion": self.suggestion.to_json() if self.suggestion else None,
         }

@@ -14,7 +14,7 @@ ranks concerned are read further (:data:`GROWTH` times more entries, up to :data
 The line is given only for a kind of failure (never "every rank agrees", never "cannot tell"): the exit code, and a
 healthy verdict, come from the full reading, which follows and stands (the command says so where its first line
 differs). None where the quick read does not apply (a small run, a dump torch did not write as protocol 2, the
-lowest rank's dump unreadable so).
+lowest rank's dump unreadable so, the windows of several runs: :mod:`.run_split`).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from nemo_rl_shim.cli.hang_report.loader import Job, reader_count, run_readers
 from nemo_rl_shim.cli.hang_report.progress import Progress
 from nemo_rl_shim.cli.hang_report.quick_read import read_window
 from nemo_rl_shim.cli.hang_report.records import DumpError, RankDump
+from nemo_rl_shim.cli.hang_report.run_split import split_runs
 from nemo_rl_shim.cli.hang_report.stacks import RankStack
 
 __all__ = ["GROWTH", "QUICK_FROM_BYTES", "ROUNDS", "WINDOW", "QuickLine", "quick_line"]
@@ -143,6 +144,8 @@ def quick_line(
         return None  # the full reading says what is wrong, naming the file
     if any(dump is None for dump, _ in read.values()):
         return None  # not all as torch writes them: the full reading alone
+    if len(split_runs(dump for dump, _ in read.values())) > 1:
+        return None  # several runs' dumps: which one is meant, the full reading says
     further: list[int] = []
     kind, rounds = None, 0
     for rounds in range(1, ROUNDS + 1):

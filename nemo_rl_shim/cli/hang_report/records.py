@@ -8,7 +8,9 @@ per hooked backend such as torch 2.15's ``nccl2``). A group is keyed by
 :data:`GroupKey`, its name and the recorder that numbered its ops (``("0", "gloo")``, ``("0", "nccl")``): the
 two halves of a ``cpu:gloo,cuda:nccl`` group are numbered apart. :class:`DumpError` is the one line for input
 that cannot be read. :class:`GroupFacts` is a process group as one dump knows it: its members as a record lists them
-(``stated``), or, where no record does, only the rank that wrote the dump.
+(``stated``), or, where no record does, only the rank that wrote the dump. :class:`RunEvidence` (with a
+:class:`GroupMarks` per group) is what a dump says of the run it belongs to, for :mod:`.run_evidence` to tell runs
+apart.
 """
 
 from __future__ import annotations
@@ -21,7 +23,17 @@ from typing import Any
 
 from nemo_rl_shim.cli.hang_report.frames import Frame
 
-__all__ = ["DumpError", "Entry", "GroupFacts", "GroupKey", "P2PKey", "RankDump", "Recorder"]
+__all__ = [
+    "DumpError",
+    "Entry",
+    "GroupFacts",
+    "GroupKey",
+    "GroupMarks",
+    "P2PKey",
+    "RankDump",
+    "Recorder",
+    "RunEvidence",
+]
 
 #: A process group as the entries name it, with the recorder (comm library) that numbered its ops.
 GroupKey = tuple[str, str]
@@ -49,6 +61,7 @@ class Entry:
     pg_id: str
     is_p2p: bool = False
     peer: int | None = None  # p2p: the peer's rank in the group, as torch names it ("send 1->0": 0)
+    me: int | None = None  # p2p: the writer's own rank in the group, as torch names it ("send 1->0": 1)
     batched: bool = False  # p2p: one op of a batch_isend_irecv (its state is its coalesced entry's)
     lib: str = ""  # the recorder: the comm library in profiling_name ("nccl", "nccl2", "gloo")
     ordinal: int = 0  # p2p: its place among this rank's ops of its kind toward its peer in the buffer (1: oldest)
@@ -92,6 +105,31 @@ class Recorder:
     tracks_completion: bool
 
 
+@dataclass(frozen=True, slots=True)
+class GroupMarks:
+    """What one dump says of one group's collectives (as one recorder numbered them), for telling runs apart."""
+
+    ranks: Sequence[int]  # the group's members, as this dump's record lists them
+    first: tuple[int, int] | None  # (number, time created) of its first record, where the buffer never wrapped
+    done: tuple[int, int] | None  # (number, time completed) of a late collective every member's input goes into
+
+
+@dataclass(frozen=True, slots=True)
+class RunEvidence:
+    """What a dump says of its run (see :mod:`.run_evidence`): versions, the world it states, its time range, its
+    groups' collective marks."""
+
+    version: str  # torch's dump format ("2.10"), "" where it is not written
+    comm_lib: str  # the comm library's version torch records (NCCL's "2.27.5"), "" where it is not written
+    world: int | None  # the world it states (its default group's size, or the shim's world_size)
+    start_ns: int | None  # its oldest entry's creation
+    end_ns: int | None  # its newest time: an entry's, or the dump's own
+    until_ns: int | None  # as late as it may have been dumped: ``end_ns``, or an unfinished entry's creation + timeout
+    groups: dict[tuple[str, str, Sequence[int]], GroupMarks]  # (name, recorder, members) -> marks
+    only_active: bool  # no entry completed: TORCH_INCLUDE_ONLY_ACTIVE=1 may have dropped those that did
+    timeout_ms: int | None = None  # the longest timeout among its newest entries
+
+
 @dataclass
 class RankDump:
     """One rank's dump, reduced: groups, the last collective per group, signatures, unfinished p2p ops."""
@@ -121,6 +159,14 @@ class RankDump:
     backend: str = ""  # "nccl", "gloo", ... from the op names
     # a window of the newest entries (the quick read): they reach back only to this time, whatever the recorder
     window_oldest_ns: int | None = None
+    world_size_from: Path | None = None  # the file ``world_size`` came from: the dump, or its group map
+    comm_lib_version: str = ""
+    fingerprint: tuple[int, int] | None = None  # (size, CRC-32) of the file's bytes (:mod:`.file_identity`)
+    evidence: RunEvidence | None = None  # what it says of its run (:mod:`.run_evidence`)
+    # per group, collective numbers missing between its first and last in the buffer (:mod:`.recording_rules`),
+    # and (first, last) number
+    gaps: dict[GroupKey, tuple[int, ...]] = field(default_factory=dict)
+    spans: dict[GroupKey, tuple[int, int]] = field(default_factory=dict)
 
     def recorder(self, lib: str) -> Recorder:
         """``lib``'s buffer facts; a recorder with no entry here reaches back to nothing and tracks nothing (in a

@@ -11,12 +11,13 @@ torch's analyzer in one line. JSON keeps every group, rank, finding (with where 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from nemo_rl_shim.cli.hang_report.analysis import CANNOT_TELL, Analysis, Finding, GroupState, pg_status_counts_done
 from nemo_rl_shim.cli.hang_report.progress import Progress
+from nemo_rl_shim.cli.hang_report.rank_lists import ranks_json
 from nemo_rl_shim.cli.hang_report.stacks import RankStack, group_stacks, is_runtime_frame
 from nemo_rl_shim.one_line.printable import shown_path
 from nemo_rl_shim.one_line.rank_ranges import format_ranks
@@ -217,8 +218,9 @@ def render_text(
     torch_facts: dict[str, Any],
     stacks: Mapping[int, RankStack] | None = None,
     progress: Mapping[int, Progress] | None = None,
+    runs: Sequence[str] = (),
 ) -> str:
-    """The text ``nemo-rl-shim hang-report`` prints."""
+    """The text ``nemo-rl-shim hang-report`` prints; ``runs``: its lines on the folder's runs and strays."""
     lines = [line, "", "groups:", *_shape_lines(analysis)]
     if len(analysis.findings) > 1:
         lines += ["", "also:"] + [f"  {f.line()}" for f in analysis.findings[1:6]]
@@ -227,7 +229,7 @@ def render_text(
     shown = stack_lines(stacks or {}, progress)
     if shown:
         lines += ["", "stacks (where each rank was once its block ran past the timeout and grace):", *shown]
-    lines += ["", "dumps:", *_dump_lines(analysis, directory), torch_line(torch_facts)]
+    lines += ["", "dumps:", *_dump_lines(analysis, directory), *runs, torch_line(torch_facts)]
     return "\n".join(lines)
 
 
@@ -241,13 +243,13 @@ def finding_json(f: Finding, analysis: Analysis) -> dict[str, Any]:
             hints[rank] = pg_status_counts_done(dump, entry)
     return {
         "kind": f.kind,
-        "ranks": f.ranks,
+        "ranks": ranks_json(f.ranks),
         "group": f.group.name,
         "axes": f.group.axes,
-        "group_ranks": list(f.group.ranks),
+        "group_ranks": ranks_json(f.group.ranks),
         "op": f.op,
         "seq": f.seq,
-        "waiting": f.waiting,
+        "waiting": ranks_json(f.waiting),
         "waited_s": None if f.waited_s is None else round(f.waited_s, 3),
         "detail": f.detail,
         "called_at": {rank: (frame.to_json() if frame else None) for rank, frame in sorted(f.called_at.items())},
@@ -272,19 +274,19 @@ def report_json(
         "world_size": analysis.world_size,
         "world_known": bool(analysis.world and analysis.world.known),
         "world_from": analysis.world.source if analysis.world else None,
-        "missing_dumps": analysis.missing,
+        "missing_dumps": ranks_json(analysis.missing),
         "findings": [finding_json(f, analysis) for f in analysis.findings],
         "groups": [
             {
                 "name": g.name,
                 "axes": g.axes,
                 "desc": g.desc,
-                "ranks": list(g.ranks),
+                "ranks": ranks_json(g.ranks),
                 "members_stated": g.members_stated,
                 "backend": g.backend,
                 "last_seq": g.last,
-                "missing": g.missing,
-                "out_of_reach": g.out_of_reach,
+                "missing": ranks_json(g.missing),
+                "out_of_reach": ranks_json(g.out_of_reach),
             }
             for g in analysis.groups
         ],

@@ -43,7 +43,7 @@ from nemo_rl_shim.cli.hang_report.frames import Frame, frame, is_runtime_frame, 
 from nemo_rl_shim.cli.hang_report.records import DumpError
 from nemo_rl_shim.cli.untrusted_file import NotRegularFile, UntrustedFileError, read_untrusted
 from nemo_rl_shim.flight_recorder.names import HEADER, SAMPLE_MARK
-from nemo_rl_shim.one_line.printable import clean
+from nemo_rl_shim.one_line.printable import clean, shown_path
 
 __all__ = [
     "MAX_STACK_BYTES",
@@ -108,6 +108,7 @@ class RankStack:
     other_threads: dict[str, Frame | None] = field(default_factory=dict)  # thread -> its innermost frame
     truncated: bool = False  # faulthandler cut it ("..."), or the file was longer than read
     note: str = ""  # why a file says less than it should
+    said_rank: int | None = None  # the rank its header says wrote it (the file name's, or the file is refused)
 
     @property
     def user_frame(self) -> Frame | None:
@@ -167,6 +168,7 @@ def _header(line: str, stack: RankStack) -> None:
         stack.note = f"header is not a JSON object (got {type(facts).__name__})"
         return
     what, after, entered, pid, thread = (facts.get(k) for k in ("what", "after_s", "entered_ns", "pid", "thread"))
+    stack.said_rank = facts["rank"] if is_count(facts.get("rank")) else None
     stack.what = clean(what) if isinstance(what, str) else None
     stack.after_s = _seconds(after)
     stack.entered_ns = entered if is_count(entered) else None
@@ -278,7 +280,8 @@ def parse_stack(text: str, rank: int, path: Path) -> RankStack:
 
 def read_stack(path: Path, rank: int, root: Path | None = None) -> RankStack:
     """One stack file, read as text up to :data:`MAX_STACK_BYTES`; one that cannot be read is kept with a note, one
-    that is not a regular file (or a symlink out of ``root``) is refused (:class:`DumpError`)."""
+    that is not a regular file (or a symlink out of ``root``), or whose header names another rank, is refused
+    (:class:`DumpError`)."""
     try:
         data = read_untrusted(path, cap=MAX_STACK_BYTES, what="stack file", root=root, cut=True)
     except NotRegularFile as e:
@@ -286,6 +289,10 @@ def read_stack(path: Path, rank: int, root: Path | None = None) -> RankStack:
     except UntrustedFileError as e:
         return RankStack(rank, path, note=f"cannot be read: {str(e).rpartition(': ')[2]}")
     stack = parse_stack(data[:MAX_STACK_BYTES].decode("utf-8", errors="replace"), rank, path)
+    if stack.said_rank is not None and stack.said_rank != rank:  # stack_watchdog.header_line writes its own rank
+        raise DumpError(
+            f"{shown_path(path)}: its header says rank {stack.said_rank} wrote it, its file name says rank {rank}"
+        )
     if len(data) > MAX_STACK_BYTES:
         stack.truncated = True
         stack.note = stack.note or f"longer than {MAX_STACK_BYTES} bytes: read that far"

@@ -69,8 +69,8 @@ def _statements(dump: RankDump) -> Iterable[tuple[int, str]]:
                 f"{len(listed) - 1}"
             )
         yield len(listed), f"the default group listed in {shown_path(dump.path)}"
-    if dump.world_size is not None:
-        yield dump.world_size, f"the world_size in {shown_path(dump.path)}"
+    if dump.world_size is not None:  # from the dump, or from its group map: the file it came from is named
+        yield dump.world_size, f"the world_size in {shown_path(dump.world_size_from or dump.path)}"
 
 
 def _sidecar_statements(rank: int, sidecar: Mapping[str, Any]) -> Iterable[tuple[int, str]]:

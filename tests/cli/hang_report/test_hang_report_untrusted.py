@@ -301,7 +301,8 @@ def test_dumps_that_hold_no_entry_keep_json_valid(tmp_path, capfd) -> None:
     for rank in range(2):
         (tmp_path / f"{PREFIX}{rank}").write_bytes(pickle.dumps({"version": "2.10", "entries": []}))
     code, out, err = _run(tmp_path, capfd, as_json=True)
-    assert code == 2 and json.loads(out)["line"].startswith("cannot tell"), (out, err)
+    line = json.loads(out)["line"]  # exit 2: one line naming the input, in the JSON too (#43)
+    assert code == 2 and line.startswith(f"hang-report: {tmp_path}: its 2 dumps hold no entry"), (out, err)
 
 
 # --- anything else: seeded random damage, never a traceback ---------------------------------------------------------
