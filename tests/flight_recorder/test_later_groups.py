@@ -250,8 +250,8 @@ def test_a_group_whose_name_cannot_be_read_is_left_out(one_rank, monkeypatch) ->
     odd = Odd()
     monkeypatch.setattr(fr_groups, "_registry", lambda: ([odd], {}, {odd: {0: 0}}))
     assert fr_groups.held_groups() == {}
-    monkeypatch.setattr(fr_groups, "_registry", lambda: ([odd], {odd: "7"}, {odd: {0: 0}}))
-    assert fr_groups.held_groups()["7"]["ranks"] == [0], "torch's Python registry names it then"
+    monkeypatch.setattr(fr_groups, "_registry", lambda: ([odd], {odd: "7"}, {odd: {3: 0, 1: 1}}))
+    assert fr_groups.held_groups()["7"]["ranks"] == [3, 1], "named by torch's Python registry; in group-rank order"
 
 
 def test_a_sidecar_that_cannot_be_written_warns_once_and_raises_nothing(one_rank, monkeypatch, tmp_path) -> None:
