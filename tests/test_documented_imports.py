@@ -51,7 +51,7 @@ OFFERED = {
 }
 LAZY = ("nemo_rl_shim", "nemo_rl_shim.timeouts", "nemo_rl_shim.flight_recorder")
 #: Named like a path, but a key of the ``nemo_rl_shim`` dict a dump carries (docs/flight-recorder.md).
-DUMP_KEYS = frozenset({"nemo_rl_shim.recorders"})
+DUMP_KEYS = frozenset({"nemo_rl_shim.groups", "nemo_rl_shim.recorders"})
 
 
 def _documented_imports() -> list[str]:

@@ -3,8 +3,10 @@
 Owns:
 
 * :mod:`.recorder`: switching torch's recorder on (``configure``), the group map beside each dump
-  (``record_groups``), the dump on a timeout and on request (``dump_on_timeout``, ``dump_now``,
+  (``record_groups``, ``refresh_sidecar``), the dump on a timeout and on request (``dump_on_timeout``, ``dump_now``,
   ``request_peer_dumps``);
+* :mod:`.groups`: what that map holds: the run's groups by mesh axis at set-up (``group_map``), and every group
+  torch holds on the rank when a dump or the map is written, later ones included;
 * :mod:`.stack_watchdog`: a rank's Python stack, written without the GIL by faulthandler's C watchdog when
   it stays in a block too long (``stack_watch`` and ``dump_on_timeout`` arm it);
 * :mod:`.names`: the file names, keys and torch's variable names that a reader of the files needs.
@@ -22,6 +24,7 @@ from nemo_rl_shim._lazy import lazy_exports
 TYPE_CHECKING = False  # typing's own constant, without importing typing (~10 ms at every start)
 
 if TYPE_CHECKING:
+    from nemo_rl_shim.flight_recorder.groups import group_map
     from nemo_rl_shim.flight_recorder.names import (
         DUMP_FILE_NAME,
         ENV_PAIRS,
@@ -36,9 +39,9 @@ if TYPE_CHECKING:
         dump_now,
         dump_on_timeout,
         dump_path,
-        group_map,
         is_enabled,
         record_groups,
+        refresh_sidecar,
         request_peer_dumps,
         stack_watch,
     )
@@ -58,8 +61,9 @@ __all__ = [
     "group_map",
     "is_enabled",
     "record_groups",
+    "refresh_sidecar",
     "request_peer_dumps",
     "stack_watch",
 ]
 
-__getattr__, __dir__ = lazy_exports(__name__, __all__, (".names", ".recorder"))
+__getattr__, __dir__ = lazy_exports(__name__, __all__, (".names", ".recorder", ".groups"))

@@ -29,10 +29,12 @@ that did not join.
 * Each dump is torch's own format (the pickle ``_dump_fr_trace`` returns, as NCCL's watchdog
   writes it), with two keys added: ``rank`` and ``nemo_rl_shim`` (the world size, the reason,
   the dump time, and the map from process-group name, as it appears in the trace entries, to the
-  mesh axes and ranks of that group). Where Gloo leaves ``pg_config`` keyed by an empty name,
-  it is filled from the same map, so that torch's own analyzer can match the groups. Beside each
-  dump, ``fr_groups_rank_<rank>.json`` holds the map from set-up on, for NCCL dumps that torch
-  writes without it.
+  ranks of that group and the mesh axes it serves: every group torch holds on the rank when it dumps, those
+  made after set-up included, :mod:`nemo_rl_shim.flight_recorder.groups`). Where Gloo leaves ``pg_config`` keyed
+  by an empty name, it is filled from the same map, so that torch's own analyzer can match the groups. Beside each
+  dump, ``fr_groups_rank_<rank>.json`` holds the same map, for NCCL dumps that torch writes without it: written at
+  set-up, and rewritten where the shim runs once torch holds other groups (:func:`refresh_sidecar`: on entering a
+  watched block, and at every :func:`dump_now`).
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ import torch.distributed as dist
 
 from nemo_rl_shim.config.settings import FlightRecorderSettings
 from nemo_rl_shim.flight_recorder import stack_watchdog
+from nemo_rl_shim.flight_recorder.groups import every_group, group_map, held_names
 from nemo_rl_shim.flight_recorder.names import (
     DUMP_FILE_NAME,
     ENV_PAIRS,
@@ -60,7 +63,7 @@ from nemo_rl_shim.flight_recorder.names import (
     SIDECAR_NAME,
     TORCH_DEFAULT_PREFIX,
 )
-from nemo_rl_shim.process_groups.registry import backend_timeouts, group_backends, named_groups
+from nemo_rl_shim.process_groups.registry import backend_timeouts, group_backends
 
 __all__ = [
     "PEER_DUMP_WAIT_S",
@@ -69,9 +72,9 @@ __all__ = [
     "dump_now",
     "dump_on_timeout",
     "dump_path",
-    "group_map",
     "is_enabled",
     "record_groups",
+    "refresh_sidecar",
     "request_peer_dumps",
     "stack_watch",
 ]
@@ -94,6 +97,10 @@ class _State:
     generation = 0
     lock = threading.Lock()
     stack_warned = False
+    set_up_ns = 0
+    #: The names of the groups torch held when the sidecar was last written (None: not written in this set-up).
+    sidecar_names: tuple[str, ...] | None = None
+    sidecar_warned = False
 
 
 def is_enabled() -> bool:
@@ -144,26 +151,6 @@ def dump_path(rank: int, environ: Mapping[str, str] | None = None) -> Path:
     return Path(f"{prefix}{rank}")
 
 
-def group_map(device_mesh: Any, moe_mesh: Any = None) -> dict[str, dict[str, Any]]:
-    """``{process-group name: {"axes": [...], "ranks": [...], "desc": ..., "backends": {...}}}`` for this rank.
-
-    The name is the one torch writes in each trace entry (``process_group[0]``); the axes are the
-    names :func:`nemo_rl_shim.process_groups.registry.named_groups` gives that group (``default``, ``dp_shard``, ...).
-    """
-    found: dict[str, dict[str, Any]] = {}
-    for axis, group in named_groups(device_mesh, moe_mesh).items():
-        name = str(group.group_name)
-        if name not in found:
-            found[name] = {
-                "axes": [],
-                "ranks": dist.get_process_group_ranks(group),
-                "desc": str(getattr(group, "group_desc", "")),
-                "backends": group_backends(group),
-            }
-        found[name]["axes"].append(axis)
-    return found
-
-
 def record_groups(context: Any) -> None:
     """Remember this rank's group map, write it beside the dump, clear a stale dump, and start the dump watcher.
 
@@ -171,7 +158,7 @@ def record_groups(context: Any) -> None:
     """
     if _State.settings is None:
         return
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     with _State.lock:
         _State.groups = group_map(context.device_mesh, context.moe_mesh)
         _State.generation += 1
@@ -189,11 +176,51 @@ def record_groups(context: Any) -> None:
     path = dump_path(rank)
     path.unlink(missing_ok=True)  # a dump from an earlier run must not be read as this one's
     stack_watchdog.forget(stack_watchdog.stack_path(path.parent, rank))  # nor a stack
-    sidecar = path.parent / SIDECAR_NAME.format(rank=rank)
-    facts = {"rank": rank, "world_size": world, "groups": _State.groups, "set_up_ns": time.time_ns()}
-    _write_atomically(sidecar, json.dumps(facts, indent=1).encode())
+    _State.set_up_ns = time.time_ns()
+    with _State.lock:
+        _write_sidecar(rank, every_group(_State.groups), held_names())
     if gloo:
         threading.Thread(target=_watch, args=(generation,), name="nemo-rl-shim-fr-watcher", daemon=True).start()
+
+
+def _write_sidecar(rank: int, groups: Mapping[str, Any], names: tuple[str, ...]) -> None:
+    """Write ``fr_groups_rank_<rank>.json`` beside the dump (under ``_State.lock``); remember what it holds."""
+    facts = {
+        "rank": rank,
+        "world_size": dist.get_world_size(),
+        "groups": groups,
+        "set_up_ns": _State.set_up_ns,
+        "written_ns": time.time_ns(),
+    }
+    _write_atomically(dump_path(rank).parent / SIDECAR_NAME.format(rank=rank), json.dumps(facts, indent=1).encode())
+    _State.sidecar_names = names
+
+
+def refresh_sidecar(*, force: bool = False) -> bool:
+    """Rewrite this rank's ``fr_groups_rank_<rank>.json`` with every group torch holds now, where a group was made
+    (or destroyed) since it was last written, or always with ``force``; return whether it was written.
+
+    Torch's own NCCL dumps do not list a group that this rank never ran an op on; the report reads its members from
+    this file. The shim cannot see a group being made, so it refreshes the file where it runs: on entering
+    :func:`dump_on_timeout` or :func:`stack_watch` (a comparison of the group names torch holds, a write only when
+    they changed), and in :func:`dump_now`. Call it after making groups outside those, before collectives that may
+    hang on them. Never raises (a warning, once, where the file cannot be written); does nothing while the recorder
+    is off or before ``setup_distributed``.
+    """
+    if _State.settings is None or _State.set_up_ns == 0 or not dist.is_initialized():
+        return False
+    try:
+        names = held_names()
+        with _State.lock:
+            if not force and names == _State.sidecar_names:
+                return False
+            _write_sidecar(dist.get_rank(), every_group(_State.groups), names)
+        return True
+    except Exception as e:  # a help to the report: it must never fail the code it runs in
+        if not _State.sidecar_warned:
+            _State.sidecar_warned = True
+            warnings.warn(f"the group map beside the dump was not refreshed: {e}", RuntimeWarning, stacklevel=3)
+        return False
 
 
 def _write_atomically(path: Path, data: bytes) -> None:
@@ -284,7 +311,8 @@ def dump_now(reason: str, *, overwrite: bool = True) -> Path | None:
     """Write this rank's dump now (torch's pickle, plus ``rank`` and ``nemo_rl_shim``); return its path.
 
     Every recorder of this rank goes in: Gloo's, stock NCCL's (``nccl-legacy`` in torch 2.15), and in torch 2.15
-    each hooked backend's (``nccl2``, plain ``"nccl"``'s backend), joined by :func:`_join`.
+    each hooked backend's (``nccl2``, plain ``"nccl"``'s backend), joined by :func:`_join`. Its group map is every
+    group torch holds now, and the sidecar is rewritten with it first, even where the dump itself is not written.
 
     None when the recorder is off, or when ``overwrite`` is false and the file exists (torch's own
     NCCL dump, or an earlier timeout's: the first one is the telling one).
@@ -293,18 +321,20 @@ def dump_now(reason: str, *, overwrite: bool = True) -> Path | None:
         return None
     rank = dist.get_rank()
     path = dump_path(rank)
+    refresh_sidecar(force=True)  # for torch's own dump too, which this one does not overwrite
     if not overwrite and path.exists():
         return None
+    groups = every_group(_State.groups)
     trace, recorders = _join(_recorders())
     as_torch_wrote_it = trace.get("pg_config")
-    _repair_pg_config(trace, _State.groups)
+    _repair_pg_config(trace, groups)
     trace["rank"] = rank
     trace["nemo_rl_shim"] = {
         "rank": rank,
         "world_size": dist.get_world_size(),
         "reason": reason,
         "dump_time_ns": time.time_ns(),
-        "groups": _State.groups,
+        "groups": groups,
         "writer": "nemo_rl_shim",
         "torch_pg_config": as_torch_wrote_it,  # before the repair, for comparing torch's analyzer on both
     }
@@ -364,6 +394,7 @@ def _arm_stack(what: str, grace_s: float) -> int | None:
     """Arm this rank's stack watch for a block (None while the recorder is off or no group exists)."""
     if _State.settings is None or not dist.is_initialized():
         return None
+    refresh_sidecar()  # a group made since the last block: torch's NCCL dumps need its members from the sidecar
     rank = dist.get_rank()
     path = stack_watchdog.stack_path(dump_path(rank).parent, rank)
     try:
