@@ -1,4 +1,4 @@
-"""Rank function for ``tests/scripts/gpu_default_timeout.py``: the NeMo RL pull request's two-GPU test body, without NeMo RL.
+"""For ``tests/scripts/gpu_default_timeout.py``: the NeMo RL pull request's two-GPU test body, without NeMo RL.
 
 NeMo RL's source is not on the GPU machine, so this writes out what its ``setup_distributed`` does with
 ``automodel_cfg.distributed_timeout_minutes`` set (``nemo_rl_shim/upstream/0002-*``) and what its set-up test
@@ -38,7 +38,12 @@ __all__ = ["MESH_AXES", "ROWS_PER_RANK", "problems", "rank"]
 MESH_AXES = ("pp", "dp_replicate", "dp_shard", "cp", "tp", "dp", "dp_shard_cp", "dp_cp")
 #: The rows of the sharded parameter each rank holds.
 ROWS_PER_RANK = 4
-_FLATTENED = {"dp": ("dp_replicate", "dp_shard"), "dp_shard_cp": ("dp_shard", "cp"), "dp_cp": ("dp_replicate", "dp_shard", "cp")}
+#: The axes Automodel flattens, from which dimensions.
+_FLATTENED = {
+    "dp": ("dp_replicate", "dp_shard"),
+    "dp_shard_cp": ("dp_shard", "cp"),
+    "dp_cp": ("dp_replicate", "dp_shard", "cp"),
+}
 
 
 def _gloo_stand_in(store: Any, group_rank: int, size: int, timeout: datetime.timedelta) -> Any:
