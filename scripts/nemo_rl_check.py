@@ -143,8 +143,9 @@ TWO_GPU_TEST, CPU_TWIN = "test_cpu_offload_timeout_on_every_mesh_axis_two_gpus",
 RANKS_HELPER, GPU_MARKS = "run_timeout_ranks", ("NEEDS_ONE_GPU", "NEEDS_TWO_GPUS")
 #: A new test's failure on unpatched NeMo RL must be its own assertion, not an import or a missing name.
 ASSERTION_FAILURES = ("AssertionError", "assert ", "Failed: DID NOT RAISE")
-#: #3624 scaled down: torch's 30 min Gloo default x SAVE_SCALE, a 40 min save, a 60 min knob.
-SAVE_SCALE, SAVE_SECONDS, SAVE_KNOB_MINUTES = 1 / 120, 40 * 60 / 120, 60 / 120
+#: #3624 scaled down: torch's 30 min Gloo default x SAVE_SCALE, a 40 min save, a 60 min knob. 1/60, so that the
+#: knob is a whole number of minutes (1), as the key takes.
+SAVE_SCALE, SAVE_SECONDS, SAVE_KNOB_MINUTES = 1 / 60, 40 * 60 / 60, 60 // 60
 #: The preflight step's command: NeMo RL's own set-up on 4 ranks, then every group torch holds audited.
 PREFLIGHT_ARGS = ("preflight", "--setup", "nemo-rl", "--timeout-minutes", "45", "--nproc", "4", "--tp", "2")
 #: Its exit code on each tree: NeMo RL as it is leaves every group at torch's default (1); the series, none (0).
