@@ -18,7 +18,11 @@
 #                        scenario, each ending at its dump (harvest.tar.gz: <torch version>/<scenario>/)
 #   hang-report on the harvest  60  python -m tests.scripts.real_nccl_check: each dump's first line against its truth
 #   preflight       150  nemo-rl-shim preflight: with one GPU, 2 CPU ranks and 1 rank on the GPU; with 2+, one a GPU
-#   default-timeout 120  the NeMo RL pull request's one-GPU check (DEFAULT_TIMEOUT_CMD below: ADJUST there)
+#   default-timeout 120  python -m tests.scripts.gpu_default_timeout: the NeMo RL pull request's GPU tests without NeMo
+#                        RL. With 2+ GPUs the two-GPU CPU-offload body on 2 ranks (cuda:nccl,cpu:gloo, every mesh axis
+#                        at 45 min on both halves, CPU and CUDA all-reduces, full_tensor() of a CPU-offloaded param
+#                        sharded on dp); with one GPU the one-rank path NeMo RL accepts (nccl, CPU offload off). Its
+#                        first line says which ran
 #   two-rank steps  150  each; with 2+ GPUs only: tests.scripts.gpu_mesh_timeouts, tests.scripts.gpu_flight_recorder
 #                        --nproc 2 (with the shim and --torch-only); with fewer, the table says which did not run
 #
@@ -48,8 +52,9 @@ python="${PYTHON:-python3}"
 budget="${GPU_CHECK_BUDGET_S:-450}"
 read -r -a harvest_args <<< "${GPU_CHECK_HARVEST_ARGS:-}"
 
-# >>> The NeMo RL pull request's one-GPU default-timeout check. ADJUST this line to the command line the helper who
-# >>> changes tests/scripts/gpu_default_timeout.py for the pull request gives; the rehearsal appends --cpu.
+# The NeMo RL pull request's GPU tests, without NeMo RL (tests/scripts/gpu_default_timeout.py chooses the two-GPU
+# body or the one-rank path by the GPUs it finds, and says which); the rehearsal appends --cpu (the two-GPU body on two
+# CPU ranks, Gloo standing in for NCCL).
 DEFAULT_TIMEOUT_CMD=("$python" -m tests.scripts.gpu_default_timeout)
 
 MIN_STEP_S=10  # a step that would get less than this is not started: the table says the budget was spent

@@ -14,14 +14,17 @@ git directories, never committed here. Each step is bounded in time:
    and at most 80 lines of code (not blank, not comments) under ``nemo_rl/``.
 2. ``env``: the environment above.
 3. ``driver``: ``scripts/nemo_rl_driver.py`` on the unpatched and patched trees: NeMo RL's
-   ``MasterConfig`` with true, "45", nan, inf, 0, -5, 1e308, 45 and null for the policy, teacher and
-   value sections, and ``Policy`` for the reward model section, the v1 DTensor worker and Megatron.
+   ``MasterConfig`` with true, "forty-five", 0.5, nan, inf, 0, -5, 1e308, 10081, a misspelled key,
+   45, "45" (what ``${oc.env:...}`` gives) and null for the policy, teacher and value sections, and
+   ``Policy`` for the reward model section, the v1 DTensor worker, Megatron and a Megatron teacher.
 4. ``tests``: NeMo RL's own tests as its CI runs them, each lane in ONE pytest process, unpatched and
    patched: ``tests/unit/models/automodel/`` with ``--automodel-only`` (its first file leaves a Gloo
    default group behind), ``test_config_validation.py`` with ``models/policy/test_policy_validation.py``,
    and ``test_config_v2.py``. Every test that passes unpatched must pass patched; every new test must
    pass in its lane, and fail at an assertion on the tests-only tree (guards of kept behaviour pass
-   there); the one-GPU test must be skipped with its reason.
+   there); the GPU tests must be skipped with their reason, the two-GPU CPU-offload test and its
+   CPU twin must be among the new tests, and no GPU-gated test may configure CPU offload on one rank
+   (NeMo RL's ``setup_distributed`` refuses it).
 5. ``ranks``: NeMo RL's ``setup_distributed`` for real on 4 CPU ranks (tp 2), CPU offload off and
    on, unpatched and patched, NCCL stood in by Gloo (``scripts/nemo_rl_rank.py``); then the
    worker's replica group, then every process group torch holds, read on every backend. Then the
@@ -47,6 +50,7 @@ does not; a step that cannot run is a failure, never a pass.
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import re
@@ -129,13 +133,19 @@ LANES = (
 NEW_TESTS_IN = {"automodel lane": "new set-up tests", "driver lane": "new driver tests"}
 #: New tests of behaviour the change must keep, which therefore pass on unpatched NeMo RL as well: null keeps
 #: torch's defaults, and good values are accepted.
-GUARDS = ("null-keeps-gloo-default", "test_distributed_timeout_accepted_at_the_driver")
-#: The one-GPU test: present, and skipped here with its reason.
-GPU_TEST, GPU_SKIP = "one_gpu", "needs 1 GPU"
+GUARDS = ("null_keeps_torch_default", "test_distributed_timeout_accepted_at_the_driver")
+#: The GPU tests (their names end so): present, and skipped on this machine with their reason, the number found.
+GPU_TESTS = ("_two_gpus", "_one_gpu")
+GPU_SKIP = re.compile(r"needs [12] GPUs?\b.*found 0$")
+#: The two-GPU CPU-offload test and its CPU twin (the same body on two CPU ranks, which CI runs).
+TWO_GPU_TEST, CPU_TWIN = "test_cpu_offload_timeout_on_every_mesh_axis_two_gpus", "_two_cpu_ranks"
+#: The helper every GPU-gated set-up test calls: (tmp_path, world_size, on_gpu, cpu_offload, minutes).
+RANKS_HELPER, GPU_MARKS = "run_timeout_ranks", ("NEEDS_ONE_GPU", "NEEDS_TWO_GPUS")
 #: A new test's failure on unpatched NeMo RL must be its own assertion, not an import or a missing name.
 ASSERTION_FAILURES = ("AssertionError", "assert ", "Failed: DID NOT RAISE")
-#: #3624 scaled down: torch's 30 min Gloo default x SAVE_SCALE, a 40 min save, a 60 min knob.
-SAVE_SCALE, SAVE_SECONDS, SAVE_KNOB_MINUTES = 1 / 120, 40 * 60 / 120, 60 / 120
+#: #3624 scaled down: torch's 30 min Gloo default x SAVE_SCALE, a 40 min save, a 60 min knob. 1/60, so that the
+#: knob is a whole number of minutes (1), as the key takes.
+SAVE_SCALE, SAVE_SECONDS, SAVE_KNOB_MINUTES = 1 / 60, 40 * 60 / 60, 60 // 60
 #: The preflight step's command: NeMo RL's own set-up on 4 ranks, then every group torch holds audited.
 PREFLIGHT_ARGS = ("preflight", "--setup", "nemo-rl", "--timeout-minutes", "45", "--nproc", "4", "--tp", "2")
 #: Its exit code on each tree: NeMo RL as it is leaves every group at torch's default (1); the series, none (0).
@@ -363,28 +373,37 @@ def env_step(args: argparse.Namespace, work: Path) -> tuple[dict[str, Any], list
 # --- 3. the driver --------------------------------------------------------------------------------
 
 _SECTION_OF = {"grpo policy": "policy", "distillation teacher": "teacher", "ppo value": "value"}
-_BAD = ("True", "'45'", "nan", "inf", "0", "-5", "1e+308")
+_BAD = ("True", "'forty-five'", "0.5", "nan", "inf", "0", "-5", "1e+308", "10081")
+#: Accepted, as validated: whole minutes, and the string ``${oc.env:...}`` gives read as a number.
+_GOOD = (("45", "accepted: 45"), ("'45'", "accepted: 45"), ("None", "accepted: None"))
+_MISSPELLED = "distributed_timeout_minute: 45"
 
 
 def driver_verdict(patched: dict[str, Any]) -> list[str]:
-    """Patched NeMo RL refuses the six bad values naming the section, takes 45 and null, refuses where unread."""
+    """Patched NeMo RL refuses the bad values and a misspelled key naming the section, takes whole minutes, "45" and
+    null, and refuses a set value where it is not read, naming the section the Policy was built from."""
     problems = []
     for label, outcomes in patched["master_config"].items():
         key = f"{_SECTION_OF[label]}.automodel_cfg.distributed_timeout_minutes"
         for value in _BAD:
             if not (outcomes[value].startswith("refused: ValidationError") and key in outcomes[value]):
                 problems.append(f"MasterConfig, {label}, {value}: {outcomes[value]}")
-        for value, expected in (("45", "accepted: 45.0"), ("None", "accepted: None")):
+        for value, expected in _GOOD:
             if outcomes[value] != expected:
                 problems.append(f"MasterConfig, {label}, {value}: {outcomes[value]}, expected {expected}")
+        typo = outcomes.get(_MISSPELLED, "missing")
+        if not (typo.startswith("refused: ValidationError") and f"{key[:-1]} | Extra inputs" in typo):
+            problems.append(f"MasterConfig, {label}, {_MISSPELLED}: {typo}")
     for label, refusal, key in (
-        ("v1 DTensor worker, 45", "refused: ValueError", "policy.automodel_cfg.distributed_timeout_minutes is 45"),
-        ("Megatron, 45", "refused: ValueError", "policy.automodel_cfg.distributed_timeout_minutes is 45"),
-        # Not typed by MasterConfig: Policy reads it through the same type, before any worker
-        ("env.reward_model, true", "refused: ValidationError", "distributed_timeout_minutes | Input should be"),
+        ("v1 DTensor worker, 45", "refused: ValueError", "policy.automodel_cfg.distributed_timeout_minutes is 45,"),
+        ("Megatron, 45", "refused: ValueError", "policy.automodel_cfg.distributed_timeout_minutes is 45,"),
+        ("Megatron teacher, 45", "refused: ValueError", "teacher.automodel_cfg.distributed_timeout_minutes is 45,"),
+        # Not typed by MasterConfig: Policy checks it through the same type, before any worker, naming the section
+        ("env.reward_model, true", "refused: ValueError", "env.reward_model.automodel_cfg is invalid"),
     ):
-        if not (patched["policy"][label].startswith(refusal) and key in patched["policy"][label]):
-            problems.append(f"Policy, {label}: {patched['policy'][label]}")
+        outcome = patched["policy"].get(label, "missing")
+        if not (outcome.startswith(refusal) and key in outcome):
+            problems.append(f"Policy, {label}: {outcome}")
     return problems
 
 
@@ -474,7 +493,43 @@ def tests_step(work: Path, timeout: float) -> tuple[dict[str, Any], list[str]]:
             label = f"{tree}-{lane.replace(' ', '-')}"
             results[f"{tree}: {lane}"] = pytest(work, tree, label, selection, timeout)
     verdict, problems = tests_verdict(results)
+    # No GPU-gated test may run a configuration NeMo RL's own code refuses (read from the patched tree's file)
+    problems += offload_on_one_rank((work / "patched" / SETUP_TESTS).read_text())
     return {**results, "new tests": verdict}, problems
+
+
+def _test_name(test_id: str) -> str:
+    """``test_x`` of ``module.Class::test_x[param]``."""
+    return test_id.rsplit("::", 1)[-1].split("[", 1)[0]
+
+
+def offload_on_one_rank(source: str) -> list[str]:
+    """The GPU-gated tests in ``source`` (Python, or the added lines of a patch dedented) that would run a
+    configuration NeMo RL refuses: CPU offload on one rank. Each GPU-gated test (``GPU_MARKS``) must call
+    ``RANKS_HELPER`` with a literal world size and CPU offload, so that this can be read; none may pass 1 and True."""
+    problems, gated = [], 0
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.FunctionDef):
+            continue
+        marks = {ast.unparse(d) for d in node.decorator_list} & set(GPU_MARKS)
+        if not marks:
+            continue
+        gated += 1
+        calls = [
+            c for c in ast.walk(node)
+            if isinstance(c, ast.Call) and isinstance(c.func, ast.Name) and c.func.id == RANKS_HELPER
+        ]  # fmt: skip
+        if not calls:
+            problems.append(f"GPU-gated test {node.name} does not call {RANKS_HELPER}: its ranks cannot be read")
+        for call in calls:
+            literal = len(call.args) >= 4 and all(isinstance(a, ast.Constant) for a in call.args[1:4])
+            if not literal:
+                problems.append(f"{node.name}: {RANKS_HELPER}'s world size and CPU offload are not literals")
+            elif call.args[1].value == 1 and call.args[3].value is True:
+                problems.append(f"{node.name} ({', '.join(sorted(marks))}) configures CPU offload on one rank")
+    if not gated:
+        problems.append(f"no GPU-gated test ({', '.join(GPU_MARKS)}) found")
+    return problems
 
 
 def tests_verdict(results: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
@@ -497,9 +552,9 @@ def tests_verdict(results: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
             result = after[test_id]
             only = tests_only.get(test_id, {"outcome": "not collected", "message": ""})
             new[test_id] = {"patched": result["outcome"], "tests-only": only["outcome"], "message": only["message"]}
-            if GPU_TEST in test_id:
+            if _test_name(test_id).endswith(GPU_TESTS):
                 new[test_id]["message"] = result["message"]
-                if result["outcome"] != "skipped" or GPU_SKIP not in result["message"]:
+                if result["outcome"] != "skipped" or not GPU_SKIP.search(result["message"]):
                     problems.append(f"GPU test {test_id}: {result['outcome']} ({result['message']}), expected a skip")
                 continue
             if result["outcome"] != "passed":
@@ -509,8 +564,11 @@ def tests_verdict(results: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
                     problems.append(f"guard {test_id} on unpatched NeMo RL: {only['outcome']} ({only['message']})")
             elif only["outcome"] != "failed" or not only["message"].startswith(ASSERTION_FAILURES):
                 problems.append(f"new test {test_id} on unpatched NeMo RL: {only['outcome']} ({only['message']})")
-    if not any(GPU_TEST in t for t in new):
-        problems.append("no one-GPU test among the new tests")
+    names = {_test_name(t) for t in new}
+    if TWO_GPU_TEST not in names:
+        problems.append(f"no two-GPU CPU-offload test ({TWO_GPU_TEST}) among the new tests")
+    if not any(n.endswith(CPU_TWIN) and not any(g in n for g in GUARDS) for n in names):
+        problems.append(f"no CPU twin of the two-GPU test (*{CPU_TWIN}) among the new tests")
     if len(new) < 5:
         problems.append(f"{len(new)} new tests, need at least 5")
     return {"count": len(new), "tests": new}, problems
@@ -791,7 +849,9 @@ BLOCKERS = (
     (
         "create_device_mesh",
         "ImportError: mesh_utils.create_device_mesh is gone",
-        "build the mesh with MeshContext.build (without a timeout: the series sets every group after the build)",
+        "build the mesh with MeshContext.build, still without a timeout (the value is already torch's default for "
+        "new groups); once the pin includes NVIDIA-NeMo/Automodel#4602, forward timeout_minutes= and drop the "
+        "AUTOMODEL-WORKAROUND(mesh-timeout) globals",
     ),
     (
         "MoEParallelizerConfig",

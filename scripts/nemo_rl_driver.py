@@ -6,12 +6,13 @@ starts a worker; ``Policy`` then picks the worker. This script does both, withou
 
 * ``master_config``: an example config of each section that has the key (GRPO's ``policy``,
   distillation's ``teacher``, PPO's ``value``), loaded as NeMo RL loads it, with
-  ``<section>.automodel_cfg.distributed_timeout_minutes`` set to each value in turn, then
-  ``MasterConfig(**config)``. The outcome is ``accepted`` with the value as validated, or
-  ``refused`` with pydantic's location and message.
+  ``<section>.automodel_cfg.distributed_timeout_minutes`` set to each value in turn (and once a
+  misspelled key, ``distributed_timeout_minute``), then ``MasterConfig(**config)``. The outcome is
+  ``accepted`` with the value as validated, or ``refused`` with pydantic's location and message.
 * ``policy``: ``Policy(...)`` with a mock cluster, and ``RayWorkerGroup`` and ``RayQueue`` replaced,
-  so neither Ray nor a worker starts: the reward model section (``env.reward_model``, which
-  ``MasterConfig`` does not type) with the key at true, the v1 DTensor worker and Megatron at 45.
+  so neither Ray nor a worker starts, under the ``name_prefix`` each caller gives it: the reward
+  model section (``env.reward_model``, which ``MasterConfig`` does not type) with the key at true,
+  and the v1 DTensor worker, Megatron and a Megatron teacher at 45.
 """
 
 from __future__ import annotations
@@ -35,7 +36,10 @@ SECTIONS = (
     ("distillation teacher", "distillation_math.yaml", "distillation", "teacher"),
     ("ppo value", "ppo_math_1B.yaml", "ppo", "value"),
 )
-VALUES = (True, "45", math.nan, math.inf, 0, -5, 1e308, 45, None)
+#: What ${oc.env:...} gives is a string: "45" among them.
+VALUES = (True, "forty-five", 0.5, math.nan, math.inf, 0, -5, 1e308, 10081, 45, "45", None)
+#: The label of the misspelled-key case in ``master_config``.
+MISSPELLED = "distributed_timeout_minute: 45"
 
 
 def _outcome(call: Any) -> str:
@@ -43,7 +47,7 @@ def _outcome(call: Any) -> str:
         result = call()
     except Exception as e:  # the driver's refusal, reported as the user would read it
         lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-        text = " | ".join(lines[1:3]) if type(e).__name__ == "ValidationError" else lines[0]
+        text = " | ".join(lines[1:3] if type(e).__name__ == "ValidationError" else lines[:3])
         return f"refused: {type(e).__name__}: {text[:300]}"
     return f"accepted: {result!r}"
 
@@ -60,9 +64,11 @@ def _master_config(configs: Path) -> dict[str, dict[str, str]]:
         master_config = importlib.import_module(f"nemo_rl.algorithms.{module}").MasterConfig
         base = OmegaConf.to_container(load_config_with_inheritance(str(configs / name)), resolve=True)
         results[label] = {}
-        for value in VALUES:
+        cases = {repr(v): {"distributed_timeout_minutes": v} for v in VALUES}
+        cases[MISSPELLED] = {"distributed_timeout_minute": 45}
+        for case, automodel_cfg in cases.items():
             config = copy.deepcopy(base)
-            config[section]["automodel_cfg"] = {"distributed_timeout_minutes": value}
+            config[section]["automodel_cfg"] = automodel_cfg
 
             def validate(config: dict[str, Any] = config, section: str = section, master: Any = master_config) -> Any:
                 automodel_cfg = getattr(master(**config), section).get("automodel_cfg", {})
@@ -70,7 +76,7 @@ def _master_config(configs: Path) -> dict[str, dict[str, str]]:
                     return automodel_cfg.get("distributed_timeout_minutes", "<dropped>")
                 return automodel_cfg.distributed_timeout_minutes
 
-            results[label][repr(value)] = _outcome(validate)
+            results[label][case] = _outcome(validate)
     return results
 
 
@@ -100,10 +106,12 @@ def _policy(configs: Path) -> dict[str, str]:
     reward_model = {**reward["env"]["reward_model"], "model_name": str(model_dir)}
     reward_model["automodel_cfg"] = {"distributed_timeout_minutes": True}
     reward_model.setdefault("generation", None)
+    #: label -> (config, the name_prefix its caller gives Policy)
     cases = {
-        "v1 DTensor worker, 45": v1,
-        "Megatron, 45": megatron,
-        "env.reward_model, true": reward_model,
+        "v1 DTensor worker, 45": (v1, "lm_policy"),
+        "Megatron, 45": (megatron, "lm_policy"),
+        "Megatron teacher, 45": (megatron, "teacher"),
+        "env.reward_model, true": (reward_model, "reward_model_policy"),
     }
     cluster = MagicMock()
     cluster.world_size.return_value = 1
@@ -113,9 +121,11 @@ def _policy(configs: Path) -> dict[str, str]:
         patch("nemo_rl.models.policy.lm_policy.RayWorkerGroup"),
         patch("nemo_rl.models.policy.lm_policy.RayQueue"),
     ):
-        for label, config in cases.items():
+        for label, (config, prefix) in cases.items():
             results[label] = _outcome(
-                lambda config=config: type(Policy(cluster=cluster, config=config, tokenizer=MagicMock())).__name__
+                lambda config=config, prefix=prefix: (
+                    type(Policy(cluster=cluster, config=config, tokenizer=MagicMock(), name_prefix=prefix)).__name__
+                )
             )
     return results
 

@@ -1,99 +1,81 @@
-"""The NeMo RL pull request's one-GPU test, without NeMo RL: torch's default for new groups reaches both halves.
+"""The NeMo RL pull request's GPU tests, without NeMo RL: the two-GPU CPU-offload body, or the one-rank path.
 
-Run by ``scripts/gpu_check.sh`` as ``python -m tests.scripts.gpu_default_timeout`` (exit 0 when every group's
-every backend reads the value, 1 when one does not, 2 without a CUDA device). Not a pytest file: it needs CUDA
-and NCCL. NeMo RL's source is not on the GPU machine, so this repeats what its test
-(``test_setup_distributed_timeout_reaches_both_halves_on_one_gpu``, ``nemo_rl_shim/upstream/0004-*``) checks
-after ``setup_distributed``, with the mechanism of ``0002-*`` written out:
+Run by ``scripts/gpu_check.sh`` as ``python -m tests.scripts.gpu_default_timeout``. Not a pytest file: it needs CUDA
+and NCCL (``--cpu`` excepted). NeMo RL's source is not on the GPU machine, so the ranks
+(:mod:`tests.ranks.offload_timeout`) write out the pull request's mechanism (``nemo_rl_shim/upstream/0002-*``) and
+check what its set-up tests (``0004-*``) check after ``setup_distributed``. Which one runs depends on the GPUs found,
+and the first line says which:
 
-1. ``distributed_c10d.default_pg_timeout`` and ``default_pg_nccl_timeout`` set to 45 min (torch's default for
-   new groups), then a one-rank ``"cuda:nccl,cpu:gloo"`` default group (CPU offload's);
-2. a mesh sub-group (``init_device_mesh`` with a backend override, as Automodel's mesh code makes them) and a
-   Gloo group made later (as Automodel makes them inside ``from_pretrained``);
-3. every backend of every group read back (``options._timeout``).
+* two GPUs or more: ``test_cpu_offload_timeout_on_every_mesh_axis_two_gpus``'s body on two ranks, CPU offload on
+  (``"cuda:nccl,cpu:gloo"``): both halves of the default group and of every mesh axis read 45 min, all-reduce on
+  CPU and CUDA, and a CPU-offloaded parameter sharded on ``dp`` comes back whole through ``full_tensor()``;
+* one GPU: ``test_timeout_without_cpu_offload_one_gpu``'s path, one rank, CPU offload off (``"nccl"``), which is
+  what NeMo RL accepts on one rank (it refuses CPU offload there); the two-GPU body does NOT run, and the line
+  says so;
+* ``--cpu``: the two-GPU body on two CPU ranks, Gloo standing in for NCCL (the NeMo RL test's CPU twin); CI runs it.
 
-Each of ``OFF`` and ``DETAIL`` (``TORCH_DISTRIBUTED_DEBUG``, whose wrapped backends torch 2.11's
-``_set_pg_timeout`` may not reach) runs in a fresh process. ``--cpu`` runs the same on Gloo: this script's own
-logic, on a machine without a GPU (the NCCL half is then not exercised).
+Exit 0 when every check holds, 1 when one does not, 2 without a CUDA device (and no ``--cpu``). Each rank is
+bounded at ``RANK_BOUND_S`` and started fresh.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
-import subprocess
 import sys
-from typing import Any
+import time
 
-__all__ = ["MINUTES", "main", "read_back"]
+__all__ = ["MINUTES", "RANK_BOUND_S", "main", "plan"]
 
 MINUTES = 45.0
-CHILD_BOUND_S = 240
+RANK_BOUND_S = 240.0
 
 
-def read_back(on_gpu: bool) -> dict[str, float]:
-    """In this process: the default for new groups, the default group, a mesh sub-group, a later group."""
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-
-    c10d = dist.distributed_c10d
-    c10d.default_pg_timeout = c10d.default_pg_nccl_timeout = datetime.timedelta(minutes=MINUTES)
-    backend = "cuda:nccl,cpu:gloo" if on_gpu else "gloo"
-    dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        device = "cuda" if on_gpu else "cpu"
-        init_device_mesh(device, (1,), mesh_dim_names=("tp",), backend_override={"tp": backend})
-        dist.new_group(backend="gloo", group_desc="later")
-        return {
-            f"{group.group_desc} {d.type} {type(group._get_backend(d)).__name__}": (
-                group._get_backend(d).options._timeout.total_seconds() / 60
-            )
-            for group in c10d._world.pg_map
-            for d in group._device_types
-        }
-    finally:
-        dist.destroy_process_group()
-
-
-def _child(on_gpu: bool, debug: str) -> dict[str, Any]:
-    env = {**os.environ, "TORCH_DISTRIBUTED_DEBUG": debug}
-    cmd = [sys.executable, "-m", "tests.scripts.gpu_default_timeout", "--child"] + ([] if on_gpu else ["--cpu"])
-    try:
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=CHILD_BOUND_S, check=False)
-    except subprocess.TimeoutExpired:
-        return {"error": f"no result within {CHILD_BOUND_S} s"}
-    if done.returncode != 0:
-        return {"error": f"exit {done.returncode}: {done.stderr.strip().splitlines()[-1:]}"}
-    return {"timeouts": json.loads(done.stdout.strip().splitlines()[-1])}
+def plan(gpus: int, cpu: bool) -> tuple[dict[str, object], int, str] | None:
+    """(the ranks' params, how many ranks, the line saying which path runs) for ``gpus`` GPUs, or None for none."""
+    if cpu:
+        params = {"device": "cpu", "cpu_offload": True, "minutes": MINUTES}
+        return params, 2, "ran: the two-GPU CPU-offload body on 2 CPU ranks, Gloo standing in for NCCL (--cpu)"
+    if gpus >= 2:
+        params = {"device": "cuda", "cpu_offload": True, "minutes": MINUTES}
+        return params, 2, f"ran: the two-GPU CPU-offload body on 2 ranks, cuda:nccl,cpu:gloo (found {gpus} GPUs)"
+    if gpus == 1:
+        params = {"device": "cuda", "cpu_offload": False, "minutes": MINUTES}
+        said = "ran: the one-rank path NeMo RL accepts, nccl, CPU offload off (found 1 GPU); "
+        return params, 1, said + "the two-GPU CPU-offload body did NOT run: it needs 2 GPUs"
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cpu", action="store_true", help="Gloo only: this script's logic without a GPU")
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--cpu", action="store_true", help="the two-GPU body on two CPU ranks, Gloo for NCCL")
     args = parser.parse_args(argv)
-    if args.child:
-        print(json.dumps(read_back(not args.cpu)))
-        return 0
-    if not args.cpu:
-        import torch
+    import torch
 
-        if torch.cuda.device_count() < 1:
-            print(f"gpu_default_timeout: needs 1 CUDA device, found {torch.cuda.device_count()}")
-            return 2
-    failed = False
-    halves = ("cuda", "cpu") if not args.cpu else ("cpu",)
-    for debug in ("OFF", "DETAIL"):
-        result = _child(not args.cpu, debug)
-        timeouts = result.get("timeouts", {})
-        groups = {" ".join(key.split()[:2]) for key in timeouts}
-        wanted = {f"{group} {half}" for group in ("default_pg", "mesh_tp") for half in halves}
-        ok = "error" not in result and wanted <= groups and set(timeouts.values()) == {MINUTES}
-        failed |= not ok
-        print(f"TORCH_DISTRIBUTED_DEBUG={debug}: {'ok' if ok else 'FAILED'} {json.dumps(result)}")
-    return 1 if failed else 0
+    from nemo_rl_shim.cli.preflight.spawn import spawn_ranks
+    from tests.ranks.offload_timeout import problems
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    chosen = plan(gpus, args.cpu)
+    if chosen is None:
+        print(f"gpu_default_timeout: needs 1 CUDA device, found {gpus}; nothing ran")
+        return 2
+    params, nproc, said = chosen
+    print(f"gpu_default_timeout: {said}")
+    start = time.monotonic()
+    results = spawn_ranks(
+        "tests.ranks.offload_timeout:rank", params, world_size=nproc, timeout_s=RANK_BOUND_S, check=False
+    )
+    found = [f"rank {r.rank}: no result (exit {r.returncode}): {(r.error or '')[-300:]}" for r in results if not r.ok]
+    reports = [r.result for r in results if r.ok]
+    found += problems(reports, MINUTES, bool(params["cpu_offload"]), nproc)
+    for report in reports:
+        print(f"rank {report['rank']}: {json.dumps(report, sort_keys=True)}")
+    print(f"ranks ended after {time.monotonic() - start:.1f} s")
+    for problem in found:
+        print(f"gpu_default_timeout: {problem}")
+    print(f"gpu_default_timeout: {'FAILED' if found else 'OK'} ({nproc} rank(s), {MINUTES:g} min)")
+    return 1 if found else 0
 
 
 if __name__ == "__main__":

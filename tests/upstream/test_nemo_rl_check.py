@@ -32,18 +32,23 @@ def _lane(tests: dict[str, tuple[str, str]]) -> dict[str, Any]:
     return {"tests": {t: {"outcome": o, "message": m} for t, (o, m) in tests.items()}}
 
 
-GPU = f"{SETUP}::test_timeout_on_one_gpu[OFF]"
-GUARD = f"{SETUP}::test_timeout_reaches[null-keeps-gloo-default]"
-GPU_SKIPPED = ("skipped", "needs 1 GPU for cuda:nccl,cpu:gloo, found 0")
+GPU = f"{SETUP}::test_timeout_without_cpu_offload_one_gpu"
+TWO_GPUS = f"{SETUP}::test_cpu_offload_timeout_on_every_mesh_axis_two_gpus"
+TWIN = f"{SETUP}::test_cpu_offload_timeout_on_every_mesh_axis_two_cpu_ranks"
+GUARD = f"{SETUP}::test_cpu_offload_timeout_null_keeps_torch_default_two_cpu_ranks"
+GPU_SKIPPED = ("skipped", "needs 1 GPU, found 0")
+TWO_GPUS_SKIPPED = ("skipped", "needs 2 GPUs for two NCCL ranks, found 0")
 
 
 def _results() -> dict[str, Any]:
-    """NeMo RL's lanes as a run that holds writes them: 5 new tests that fail unpatched, a guard, a GPU test."""
+    """NeMo RL's lanes as a run that holds writes them: 5 new tests and the CPU twin that fail unpatched, a guard,
+    the two GPU tests."""
     old = {f"{SETUP}::test_old_{i}": ("passed", "") for i in range(3)}
     new = {f"{SETUP}::test_timeout_{i}": ("passed", "") for i in range(5)}
-    new_in_lane = {**new, GUARD: ("passed", ""), GPU: GPU_SKIPPED}
+    new[TWIN] = ("passed", "")
+    new_in_lane = {**new, GUARD: ("passed", ""), GPU: GPU_SKIPPED, TWO_GPUS: TWO_GPUS_SKIPPED}
     tests_only = {t: ("failed", "AssertionError: assert 30.0 == 45") for t in new}
-    tests_only.update({GUARD: ("passed", ""), GPU: GPU_SKIPPED})
+    tests_only.update({GUARD: ("passed", ""), GPU: GPU_SKIPPED, TWO_GPUS: TWO_GPUS_SKIPPED})
     results = {}
     for lane, trees, _ in check.LANES:
         for tree in trees:
@@ -62,7 +67,7 @@ def _set(results: dict[str, Any], lane: str, test: str, outcome: str, message: s
 def test_a_run_that_holds_has_no_problem() -> None:
     verdict, problems = check.tests_verdict(_results())
     assert problems == []
-    assert verdict["count"] == 7
+    assert verdict["count"] == 9
     assert verdict["tests"][GPU] == {"patched": "skipped", "tests-only": "skipped", "message": GPU_SKIPPED[1]}
 
 
@@ -112,14 +117,69 @@ def test_a_guard_must_pass_unpatched_and_the_gpu_test_must_skip_with_its_reason(
         assert problems == [f"GPU test {GPU}: {outcome} ({message}), expected a skip"]
 
 
-def test_there_must_be_a_gpu_test_and_five_new_tests() -> None:
+def test_there_must_be_the_two_gpu_test_its_cpu_twin_and_five_new_tests() -> None:
     results = _results()
     for lane in ("patched: automodel lane", "tests-only: new set-up tests"):
-        del results[lane]["tests"][GPU]
-        for i in (3, 4):
-            del results[lane]["tests"][f"{SETUP}::test_timeout_{i}"]
+        for test in (TWO_GPUS, TWIN, *(f"{SETUP}::test_timeout_{i}" for i in (2, 3, 4))):
+            del results[lane]["tests"][test]
     _, problems = check.tests_verdict(results)
-    assert problems == ["no one-GPU test among the new tests", "4 new tests, need at least 5"]
+    assert problems == [
+        f"no two-GPU CPU-offload test ({check.TWO_GPU_TEST}) among the new tests",
+        f"no CPU twin of the two-GPU test (*{check.CPU_TWIN}) among the new tests",
+        "4 new tests, need at least 5",
+    ]
+    # The guard (null keeps torch's default) is not the twin: it cannot bite
+    results = _results()
+    for lane in ("patched: automodel lane", "tests-only: new set-up tests"):
+        del results[lane]["tests"][TWIN]
+    _, problems = check.tests_verdict(results)
+    assert problems == [f"no CPU twin of the two-GPU test (*{check.CPU_TWIN}) among the new tests"]
+
+
+def test_the_cpu_twin_must_bite_and_a_gpu_test_must_skip_saying_how_many_it_found() -> None:
+    results = _results()
+    _set(results, "tests-only: new set-up tests", TWIN, "passed")
+    _, problems = check.tests_verdict(results)
+    assert problems == [f"new test {TWIN} on unpatched NeMo RL: passed ()"]
+    results = _results()
+    _set(results, "patched: automodel lane", TWO_GPUS, "skipped", "needs 2 GPUs")  # no count of what was found
+    _, problems = check.tests_verdict(results)
+    assert problems == [f"GPU test {TWO_GPUS}: skipped (needs 2 GPUs), expected a skip"]
+
+
+ONE_RANK_OFFLOAD = """
+@NEEDS_ONE_GPU
+def test_x(self, tmp_path):
+    reports = run_timeout_ranks(tmp_path, 1, True, {offload}, 45)
+
+@NEEDS_TWO_GPUS
+def test_y(self, tmp_path):
+    reports = run_timeout_ranks(tmp_path, {world}, True, True, 45)
+
+def test_cpu(self, tmp_path):
+    reports = run_timeout_ranks(tmp_path, 1, False, True, 45)
+"""
+
+
+def test_no_gpu_gated_test_may_configure_cpu_offload_on_one_rank() -> None:
+    assert check.offload_on_one_rank(ONE_RANK_OFFLOAD.format(offload=False, world=2)) == []
+    assert check.offload_on_one_rank(ONE_RANK_OFFLOAD.format(offload=True, world=2)) == [
+        "test_x (NEEDS_ONE_GPU) configures CPU offload on one rank"
+    ]
+    assert check.offload_on_one_rank(ONE_RANK_OFFLOAD.format(offload=False, world=1)) == [
+        "test_y (NEEDS_TWO_GPUS) configures CPU offload on one rank"
+    ]
+    # A world size it cannot read is a problem, not a pass; and so is a GPU-gated test it cannot follow
+    assert check.offload_on_one_rank(ONE_RANK_OFFLOAD.format(offload=False, world="n")) == [
+        "test_y: run_timeout_ranks's world size and CPU offload are not literals"
+    ]
+    other = "@NEEDS_ONE_GPU\ndef test_z():\n    setup_distributed(config, runtime_config)\n"
+    assert check.offload_on_one_rank(other) == [
+        "GPU-gated test test_z does not call run_timeout_ranks: its ranks cannot be read"
+    ]
+    assert check.offload_on_one_rank("def test_cpu():\n    pass\n") == [
+        "no GPU-gated test (NEEDS_ONE_GPU, NEEDS_TWO_GPUS) found"
+    ]
 
 
 def test_pretrained_verdict_needs_the_value_when_each_group_is_made() -> None:
@@ -209,11 +269,14 @@ def _driver(refused: str = "refused: ValidationError: {key} | Input should be gr
     for label, section in (("grpo policy", "policy"), ("distillation teacher", "teacher"), ("ppo value", "value")):
         key = f"{section}.automodel_cfg.distributed_timeout_minutes"
         outcomes[label] = {value: refused.format(key=key) for value in check._BAD}
-        outcomes[label].update({"45": "accepted: 45.0", "None": "accepted: None"})
+        outcomes[label].update(dict(check._GOOD))
+        typo = f"refused: ValidationError: {key[:-1]} | Extra inputs are not permitted [type=extra_forbidden, ..."
+        outcomes[label][check._MISSPELLED] = typo
     policy = {
         "v1 DTensor worker, 45": "refused: ValueError: policy.automodel_cfg.distributed_timeout_minutes is 45, ...",
         "Megatron, 45": "refused: ValueError: policy.automodel_cfg.distributed_timeout_minutes is 45, ...",
-        "env.reward_model, true": "refused: ValidationError: distributed_timeout_minutes | Input should be a valid ...",
+        "Megatron teacher, 45": "refused: ValueError: teacher.automodel_cfg.distributed_timeout_minutes is 45, ...",
+        "env.reward_model, true": "refused: ValueError: env.reward_model.automodel_cfg is invalid: 1 validation ...",
     }
     return {"master_config": outcomes, "policy": policy}
 
@@ -221,16 +284,27 @@ def _driver(refused: str = "refused: ValidationError: {key} | Input should be gr
 def test_driver_verdict() -> None:
     assert check.driver_verdict(_driver()) == []
     coerced = _driver()
-    coerced["master_config"]["distillation teacher"]["True"] = "accepted: 1.0"
-    assert check.driver_verdict(coerced) == ["MasterConfig, distillation teacher, True: accepted: 1.0"]
+    coerced["master_config"]["distillation teacher"]["True"] = "accepted: 1"
+    assert check.driver_verdict(coerced) == ["MasterConfig, distillation teacher, True: accepted: 1"]
     wrong_section = _driver("refused: ValidationError: policy.automodel_cfg.distributed_timeout_minutes | ...")
-    assert len(check.driver_verdict(wrong_section)) == 14  # teacher and value name the wrong section (7 values each)
+    assert len(check.driver_verdict(wrong_section)) == 2 * len(check._BAD)  # teacher and value name the wrong section
     overflow = _driver()
     overflow["master_config"]["grpo policy"]["1e+308"] = "accepted: 1e+308"
     assert check.driver_verdict(overflow) == ["MasterConfig, grpo policy, 1e+308: accepted: 1e+308"]
+    strict = _driver()  # ${oc.env:...} gives "45": refusing it is refusing NeMo RL's own interpolation
+    strict["master_config"]["ppo value"]["'45'"] = "refused: ValidationError: value.automodel_cfg... | Input should be"
+    assert len(check.driver_verdict(strict)) == 1
+    ignored_typo = _driver()
+    ignored_typo["master_config"]["grpo policy"][check._MISSPELLED] = "accepted: '<dropped>'"
+    assert check.driver_verdict(ignored_typo) == [
+        f"MasterConfig, grpo policy, {check._MISSPELLED}: accepted: '<dropped>'"
+    ]
     ignored = _driver()
     ignored["policy"]["Megatron, 45"] = "accepted: 'Policy'"
     assert check.driver_verdict(ignored) == ["Policy, Megatron, 45: accepted: 'Policy'"]
+    teacher_as_policy = _driver()
+    teacher_as_policy["policy"]["Megatron teacher, 45"] = teacher_as_policy["policy"]["Megatron, 45"]
+    assert len(check.driver_verdict(teacher_as_policy)) == 1
 
 
 def test_junit_results(tmp_path: Path) -> None:

@@ -4,19 +4,26 @@ NeMo RL's source is not committed here and CI cannot fetch it, so this checks wh
 without it: the series is ``git format-patch`` output that ``git mailinfo`` reads, four commits
 in order on one base, each by the neutral placeholder author and signed off by it (the README
 gives the command that re-signs them); each touches the files its subject names;
-no patch touches NeMo RL's requirements or imports this project; the knob's code sets every group
-as torch's default for new groups before the first one and never hands it to Automodel; at most
-80 lines of code under ``nemo_rl/``; the config hunks add the same three lines to example configs
-and their reference snapshots; and the test commit only adds. The
+no patch touches NeMo RL's requirements or imports this project; the knob's code passes ``timeout=``
+to ``init_process_group`` and makes the value torch's default for new groups before the first one,
+under the ``AUTOMODEL-WORKAROUND`` tag with its removal condition, and never hands it to Automodel;
+the config type is in NeMo RL's idiom; at most 80 lines of code under ``nemo_rl/``; the config hunks
+add the same three lines to example configs and their reference snapshots; the test commit only adds,
+with the two-GPU CPU-offload test, its CPU twin sharing its body, and no GPU-gated test with CPU
+offload on one rank. The
 series itself runs inside NeMo RL, on NeMo RL's own tests, its driver and 4 CPU ranks, by
 ``scripts/nemo_rl_check.py`` (figures in ``distributed-timeout.md``).
 """
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 import re
 import subprocess
+import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -46,7 +53,8 @@ TOUCHES = {
     },
 }
 CONFIG_LINES = (
-    "# DTensor v2 worker only: timeout of its process groups, in minutes (at most a week); null keeps torch's defaults",
+    "# DTensor v2 worker only: timeout of its process groups, in whole minutes (at most a week); null keeps torch's "
+    "defaults",
     "automodel_cfg:",
     "distributed_timeout_minutes: null",
 )
@@ -127,26 +135,58 @@ def test_series_adds_no_requirement_and_imports_nothing_of_this_project() -> Non
     assert not re.search(r"nemo_rl_shim|nemo-rl-shim|automodel_patch", added)
 
 
-def test_the_knob_is_torch_s_default_for_new_groups_before_the_first_one() -> None:
+def _code(lines: list[str]) -> list[str]:
+    """The lines that are neither blank nor comments."""
+    return [line for line in lines if line.strip() and not line.strip().startswith("#")]
+
+
+def test_the_knob_is_passed_to_init_process_group_and_is_torch_s_default_for_new_groups() -> None:
     patch = SERIES[1].read_text()
-    setting = "c10d.default_pg_timeout = c10d.default_pg_nccl_timeout = datetime.timedelta("
-    assert f"+        {setting}" in patch
-    # set before init_process_group, which is unchanged (a context line)
-    assert patch.index(setting) < patch.index("    torch.distributed.init_process_group(backend=backend)\n")
-    added = "\n".join(_added(SERIES[1]))
-    # No walk over every group, no read-back API, no replica group forced: new groups take the default
-    assert "pg_map" not in added and "_set_pg_timeout" not in added and "_flatten" not in added
-    # Automodel never gets the timeout: no MeshContext.build branch, create_device_mesh's call unchanged
-    assert "MeshContext" not in added and "timeout_minutes=" not in added
-    assert not any("create_device_mesh" in line for line in _added(SERIES[1]))
+    setting = "c10d.default_pg_timeout = c10d.default_pg_nccl_timeout = timeout"
+    assert f"+        {setting}\n" in patch
+    # timeout= passed explicitly, only when set: with null, init_process_group is called exactly as before
+    assert '+        timeout_kwargs["timeout"] = timeout\n' in patch
+    assert "+    torch.distributed.init_process_group(backend=backend, **timeout_kwargs)\n" in patch
+    assert patch.index(setting) < patch.index("init_process_group(backend=backend, **timeout_kwargs)")
+    code = "\n".join(_code(_added(SERIES[1])))
+    # No walk over every group, no setter, no replica group forced: new groups take the default
+    assert "pg_map" not in code and "_set_pg_timeout" not in code and "_flatten" not in code
+    # Automodel never gets the timeout: no MeshContext.build call, create_device_mesh's call unchanged
+    assert "MeshContext" not in code and "timeout_minutes=" not in code and "create_device_mesh" not in code
 
 
-def test_config_type_refuses_bad_values_at_the_driver() -> None:
+def test_the_globals_carry_nemo_rl_s_workaround_tag_and_its_removal_condition() -> None:
+    comments = " ".join(line.strip().lstrip("#").strip() for line in _added(SERIES[1]) if line.strip().startswith("#"))
+    tag = (
+        "AUTOMODEL-WORKAROUND(mesh-timeout): TEMPORARY. Remove when the automodel pin includes "
+        "NVIDIA-NeMo/Automodel#4602; then forward timeout_minutes= to MeshContext.build instead."
+    )
+    assert tag in comments
+    assert "stay set for the life of this worker process" in comments
+    assert "NVIDIA-NeMo/Automodel#4601" in comments
+    # The tag sits right above the globals it marks
+    added = _added(SERIES[1])
+    tagged = next(i for i, line in enumerate(added) if "AUTOMODEL-WORKAROUND(mesh-timeout)" in line)
+    setting = next(i for i, line in enumerate(added) if "c10d.default_pg_timeout =" in line)
+    assert 0 < setting - tagged <= 12 and all(line.strip().startswith("#") for line in added[tagged : setting - 1])
+
+
+def test_config_type_is_in_nemo_rl_s_idiom() -> None:
     added = "\n".join(_added(SERIES[0]))
-    assert 'class AutomodelConfig(BaseModel, extra="allow", title="automodel_cfg"):' in added
-    assert "Field(gt=0, le=7 * 24 * 60, allow_inf_nan=False, strict=True)" in added
+    # extra="forbid", as VllmNixlRefitConfig: a misspelled key is refused, not ignored
+    assert 'class AutomodelConfig(BaseModel, extra="forbid", title="automodel_cfg"):' in added
+    # An int, as Megatron's distributed_timeout_minutes and Automodel's timeout_minutes; not strict, as NeMo RL's
+    # other fields, so ${oc.env:...}'s "45" is read; booleans refused, which pydantic's lax int would read as 1
+    assert "Annotated[int, BeforeValidator(_not_a_bool), Field(gt=0, le=7 * 24 * 60)]" in added
+    assert "strict" not in "\n".join(_code(_added(SERIES[0]))) and "allow_inf_nan" not in added
     assert "automodel_cfg: NotRequired[AutomodelConfig]" in added
-    assert "config_section" not in "\n".join(_added(*SERIES))
+
+
+def test_policy_names_the_section_it_is_built_from() -> None:
+    added = "\n".join(_added(SERIES[0]))
+    assert 'f"{section}.automodel_cfg.distributed_timeout_minutes is {timeout_minutes}, "' in added
+    assert '"reward_model_policy": "env.reward_model"' in added and 'f"teachers[' in added
+    assert '"policy.automodel_cfg.distributed_timeout_minutes is' not in added
 
 
 def test_at_most_80_lines_of_code_under_nemo_rl() -> None:
@@ -189,3 +229,73 @@ def test_test_commit_only_adds_tests() -> None:
     added = _added(SERIES[3])
     new_tests = [line for line in added if re.match(r"\s*def test_\w*timeout", line)]
     assert len(new_tests) >= 5, new_tests
+
+
+def _setup_test_hunks() -> list[str]:
+    """The added lines of each hunk of the set-up test file in the test commit, dedented."""
+    patch = SERIES[3].read_text()
+    body = re.split(r"^diff --git ", patch, flags=re.M)
+    setup = next(part for part in body if part.startswith("a/tests/unit/models/automodel/test_automodel_setup.py"))
+    hunks = re.split(r"^@@ .* @@.*$", setup, flags=re.M)[1:]
+    return [
+        textwrap.dedent("\n".join(line[1:] for line in hunk.splitlines() if line.startswith("+"))) for hunk in hunks
+    ]
+
+
+def test_the_two_gpu_cpu_offload_test_and_its_cpu_twin_share_one_body() -> None:
+    functions = {
+        node.name: node
+        for hunk in _setup_test_hunks()
+        for node in ast.walk(ast.parse(hunk))
+        if isinstance(node, ast.FunctionDef)
+    }
+    gpu = functions["test_cpu_offload_timeout_on_every_mesh_axis_two_gpus"]
+    twin = functions["test_cpu_offload_timeout_on_every_mesh_axis_two_cpu_ranks"]
+    assert [ast.unparse(d) for d in gpu.decorator_list] == ["NEEDS_TWO_GPUS"]
+    assert twin.decorator_list == []  # CI runs it
+
+    def calls(node: ast.FunctionDef) -> list[str]:
+        return [ast.unparse(c) for c in ast.walk(node) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)]
+
+    # The same body: two ranks with CPU offload and 45 min, on GPUs and on CPU ranks; the same checks after it
+    assert calls(gpu) == [
+        "run_timeout_ranks(tmp_path, 2, True, True, 45)",
+        "assert_every_axis(reports, 45, 45, {'cuda', 'cpu'})",
+    ]
+    assert calls(twin) == [
+        "run_timeout_ranks(tmp_path, 2, False, True, 45)",
+        "assert_every_axis(reports, 45, 45, {'cuda', 'cpu'})",
+    ]
+    # The body sets up through NeMo RL's own setup_distributed, ranks meeting in a FileStore (no port), bounded
+    body = "\n".join(_setup_test_hunks())
+    assert "context = setup_distributed(config, runtime_config)" in body
+    assert "dist.FileStore(store_path, world_size)" in body and "MASTER_PORT" not in body
+    assert "RANKS_BOUND_S = 600" in body and "process.kill()" in body
+    # ... and checks every mesh axis, both halves, all-reduces and full_tensor() of a CPU-offloaded parameter
+    for check in (
+        'mesh["dp"]',
+        "full_tensor()",
+        "torch.distributed.all_reduce(tensor, group=group)",
+        "_flatten_mapping",
+    ):
+        assert check in body, check
+    assert (
+        'NEEDS_TWO_GPUS = pytest.mark.skipif(\n    _GPUS < 2, reason=f"needs 2 GPUs for two NCCL ranks, found {_GPUS}"'
+        in body
+    )
+
+
+def test_no_gpu_gated_test_configures_cpu_offload_on_one_rank() -> None:
+    check = _load_check()
+    found = [problem for hunk in _setup_test_hunks() for problem in check.offload_on_one_rank(hunk)]
+    # Hunks without a GPU-gated test say so; no other problem may appear
+    assert [p for p in found if not p.startswith("no GPU-gated test")] == [], found
+    assert len([p for p in found if p.startswith("no GPU-gated test")]) == len(_setup_test_hunks()) - 1, found
+
+
+def _load_check() -> Any:
+    spec = importlib.util.spec_from_file_location("nemo_rl_check_series", REPO_ROOT / "scripts" / "nemo_rl_check.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -26,7 +26,7 @@ from __future__ import annotations
 import copy
 import datetime
 import importlib
-import inspect
+import importlib.util
 import json
 import subprocess
 import sys
@@ -132,9 +132,17 @@ def nccl_stood_in_by_gloo(setup: Any) -> Iterator[None]:
         dist.init_process_group, setup.FSDP2Config = real_init, real_fsdp2
 
 
+#: The one ``automodel_cfg`` key NeMo RL reads. Its ``AutomodelConfig`` forbids any other (``extra="forbid"``), so
+#: the shim's own keys (``patch_automodel``...) are left out of what NeMo RL's set-up gets, as in a NeMo RL run.
+NEMO_RL_AUTOMODEL_KEYS = ("distributed_timeout_minutes",)
+
+
 def _config(section: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """The section as NeMo RL's worker passes it, and the ``dtensor_cfg`` keys it lacked that were given defaults."""
     config = copy.deepcopy(dict(section))
+    if "automodel_cfg" in config:
+        automodel = config["automodel_cfg"] or {}
+        config["automodel_cfg"] = {key: automodel[key] for key in NEMO_RL_AUTOMODEL_KEYS if key in automodel}
     dtensor = config["dtensor_cfg"] = dict(config.get("dtensor_cfg") or {})
     filled = [key for key in _REQUIRED_DTENSOR_KEYS if key not in dtensor]
     for key in filled:
@@ -152,19 +160,17 @@ def _runtime_config(setup: Any, cpu_offload: bool) -> Any:
 def set_up(section: Mapping[str, Any], role: str, cpu_offload: bool) -> tuple[Any, str]:
     """Run NeMo RL's own ``setup_distributed`` on this rank; its ``DistributedContext``, and what ran, in words.
 
-    Under the launcher's variables, as NeMo RL's worker runs it. Where its ``setup_distributed`` takes
-    ``config_section`` (the NeMo RL pull request adds it, for error messages), it gets the role.
+    Under the launcher's variables, as NeMo RL's worker runs it, with the section's ``automodel_cfg`` as NeMo RL
+    reads it (:data:`NEMO_RL_AUTOMODEL_KEYS`).
     """
     setup = importlib.import_module(SETUP_MODULE)
     config, filled = _config(section)
-    takes_section = "config_section" in inspect.signature(setup.setup_distributed).parameters
-    kwargs = {"config_section": role} if takes_section else {}
     words = [f"NeMo RL's own setup_distributed ({setup.__file__})"]
     if filled:
         words.append(f"{role}.dtensor_cfg lacks {' and '.join(filled)}: false, as NeMo RL's example configs")
     runtime = _runtime_config(setup, cpu_offload)
     if torch.cuda.is_available():
-        return setup.setup_distributed(config, runtime, **kwargs), "; ".join(words)
+        return setup.setup_distributed(config, runtime), "; ".join(words)
     with nccl_stood_in_by_gloo(setup):
-        context = setup.setup_distributed(config, runtime, **kwargs)
+        context = setup.setup_distributed(config, runtime)
     return context, "; ".join([*words, STOOD_IN])

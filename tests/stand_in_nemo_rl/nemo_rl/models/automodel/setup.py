@@ -10,9 +10,11 @@ does); and a ``(dp, cp, tp)`` device mesh (NeMo RL's has more axes: the shape do
 group torch holds is audited).
 
 NeMo RL as it is passes no timeout: every group keeps torch's default. With ``NEMO_RL_STAND_IN_SERIES=applied``
-it does what the series' ``setup_distributed`` does (``nemo_rl_shim/upstream/0002``): the section's
-``automodel_cfg.distributed_timeout_minutes`` to ``init_process_group``, then the replica group made, then
-every group torch holds given the timeout.
+it does what the series' ``setup_distributed`` does (``nemo_rl_shim/upstream/0001`` and ``0002``): it refuses an
+``automodel_cfg`` key other than ``distributed_timeout_minutes`` (the series' ``AutomodelConfig`` is
+``extra="forbid"``), makes the value torch's default for new groups (``default_pg_timeout`` and
+``default_pg_nccl_timeout``) and passes it to ``init_process_group`` as ``timeout=``; every group made later in the
+process, the worker's replica group included, then gets it when it is made.
 """
 
 from __future__ import annotations
@@ -60,24 +62,23 @@ class DistributedContext(NamedTuple):
 def _series_timeout(config: dict[str, Any]) -> datetime.timedelta | None:
     if os.environ.get("NEMO_RL_STAND_IN_SERIES") != "applied":
         return None
-    minutes = (config.get("automodel_cfg") or {}).get("distributed_timeout_minutes")
+    automodel = config.get("automodel_cfg") or {}
+    extra = sorted(set(automodel) - {"distributed_timeout_minutes"})
+    if extra:  # the series' AutomodelConfig is extra="forbid"
+        raise ValueError(f"automodel_cfg: extra inputs are not permitted: {extra}")
+    minutes = automodel.get("distributed_timeout_minutes")
     return None if minutes is None else datetime.timedelta(minutes=minutes)
 
 
-def _give_every_group(timeout: datetime.timedelta) -> None:
-    dist = torch.distributed
-    set_timeout = getattr(dist, "set_timeout", None) or dist.distributed_c10d._set_pg_timeout
-    for group in list(dist.distributed_c10d._world.pg_map):
-        set_timeout(timeout, group)
-
-
-def setup_distributed(config: dict[str, Any], runtime_config: RuntimeConfig, config_section: str = "policy") -> Any:
+def setup_distributed(config: dict[str, Any], runtime_config: RuntimeConfig) -> Any:
     """The default group and a device mesh, as the module docstring says."""
     timeout = _series_timeout(config)
     backend = "nccl" if not runtime_config.cpu_offload else "cuda:nccl,cpu:gloo"
     if timeout is None:
         torch.distributed.init_process_group(backend=backend)
     else:
+        c10d = torch.distributed.distributed_c10d
+        c10d.default_pg_timeout = c10d.default_pg_nccl_timeout = timeout
         torch.distributed.init_process_group(backend=backend, timeout=timeout)
     world_size = torch.distributed.get_world_size()
     dtensor = config["dtensor_cfg"]
@@ -91,7 +92,4 @@ def setup_distributed(config: dict[str, Any], runtime_config: RuntimeConfig, con
         )
     device_type = "cuda" if fsdp2_config.backend == "nccl" else "cpu"
     mesh = init_device_mesh(device_type, (world_size // (tp * cp), cp, tp), mesh_dim_names=("dp", "cp", "tp"))
-    if timeout is not None:
-        mesh[("cp", "tp")]._flatten()  # the replica group, made in set-up so that it gets the timeout
-        _give_every_group(timeout)
     return DistributedContext(mesh, None, fsdp2_config, None, mesh["dp"].size(), tp, cp)
