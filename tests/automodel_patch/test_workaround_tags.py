@@ -96,10 +96,35 @@ def test_the_removal_steps_name_the_shim_files_that_use_the_package() -> None:
     assert all(user in steps for user in users), steps
 
 
+def _nemo_rl_side_slugs() -> set[str]:
+    """Slugs whose tagged code lives in NeMo RL's tree: tagged on an added line of an upstream patch.
+
+    The NeMo RL series (``nemo_rl_shim/upstream``) marks its own temporary code with NeMo RL's
+    ``AUTOMODEL-WORKAROUND(<slug>)`` convention; ``tests/upstream/test_nemo_rl_series.py`` checks
+    that tag and its removal condition. Such a slug is not a workaround of this package.
+    """
+    slugs: set[str] = set()
+    for patch in sorted((REPO_ROOT / "nemo_rl_shim" / "upstream").glob("*.patch")):
+        for line in patch.read_text(encoding="utf-8").splitlines():
+            if line.startswith("+") and not line.startswith("+++"):
+                slugs.update(_TAG.findall(line))
+    return slugs
+
+
+def test_the_nemo_rl_series_tags_are_not_this_package_s() -> None:
+    nemo_rl_side = _nemo_rl_side_slugs()
+    assert nemo_rl_side, "no upstream patch adds an AUTOMODEL-WORKAROUND tag: the series lost its removal marker"
+    clashing = nemo_rl_side & {w.slug for w in CHECKED}
+    assert not clashing, f"NeMo RL-side tags that reuse a slug of this package's workarounds: {sorted(clashing)}"
+
+
 def test_every_tag_in_the_tree_is_a_checked_workaround() -> None:
     tagged = _tagged_slugs()
     checked = {w.slug for w in CHECKED}
-    unchecked = {slug: sorted(files) for slug, files in tagged.items() if slug not in checked}
+    nemo_rl_side = _nemo_rl_side_slugs()
+    unchecked = {
+        slug: sorted(files) for slug, files in tagged.items() if slug not in checked and slug not in nemo_rl_side
+    }
     assert unchecked == {}, f"tags of workarounds the checks do not cover: {unchecked}; checked: {sorted(checked)}"
     assert checked <= set(tagged), (
         f"checked workarounds whose tag is nowhere in the tree: {sorted(checked - set(tagged))}"
