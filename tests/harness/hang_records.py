@@ -37,9 +37,9 @@ def dump(rank: int, latest: Entry | None = None, recorder: Recorder = NCCL, lib:
 
 
 def group(name: str, ranks: Iterable[int], backend: str = "nccl", entries: dict[int, Entry] | None = None,
-          **more) -> GroupState:  # fmt: skip
+          axes: Iterable[str] = (), **more) -> GroupState:  # fmt: skip
     """A process group whose members a record states, numbered by ``backend``'s recorder."""
-    return GroupState(name, tuple(ranks), [], backend=backend, entries=dict(entries or {}), **more)
+    return GroupState(name, tuple(ranks), list(axes), backend=backend, entries=dict(entries or {}), **more)
 
 
 def stall(state: GroupState, behind: Iterable[int], waiting: Iterable[int], seq: int = 1, op: str = "all_reduce",
