@@ -1,0 +1,245 @@
+"""Reading a dump's newest entries from its two ends (:mod:`nemo_rl_shim.cli.hang_report.quick_read`): each rule.
+
+The one rule that holds them all: a window of the newest ``count`` entries reads as the full reading of those entries
+(:func:`~nemo_rl_shim.cli.hang_report.dump_format.reduce_dump`), its recorders reaching back only to its oldest entry;
+and a window that reaches the first entry is the whole dump. Checked on dumps drawn by Hypothesis (groups first used
+late, hostile group names, send/recv and batches, protocols 2 and 3), then each path of the reader on bytes built for
+it. The catalogue's cases: tests/cli/hang_report/test_hang_report_quick.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pickle
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from nemo_rl_shim.cli.hang_report import quick_read
+from nemo_rl_shim.cli.hang_report.dump_format import reduce_dump
+from nemo_rl_shim.cli.hang_report.records import DumpError, RankDump
+from tests.harness.nccl_format_dumps import Clock, Group, Rank
+
+pytestmark = [pytest.mark.every_lane]
+
+#: Group descriptions torch would write, and ones whose bytes look like the pickle's own structure.
+DESCS = ["default_pg", "mesh_tp", "x" * 300, "é ü 中", "X\x07\x00\x00\x00entries](", "}q\x01(h\x05", "}(h\x05 }(h\x07"]
+
+
+def _rank(ops: list[tuple[int, str, bool]], descs: list[str], frames: bool = True) -> Rank:
+    """Rank 0's recorder after ``ops``: (group index, op, finished) on groups of ranks 0-1."""
+    clock = Clock()
+    groups = [Group(str(i), desc, (0, 1)) for i, desc in enumerate(descs)]
+    rank = Rank(0, groups, clock, frames=frames)
+    for index, op, done in ops:
+        state = "completed" if done else "scheduled"
+        group = groups[index % len(groups)]
+        if op == "send":
+            rank.send(group, 1, state)
+        elif op == "recv":
+            rank.recv(group, 1, state)
+        elif op == "batch":
+            rank.batch(group, [("send", 1), ("recv", 1)], state)
+        elif op == "coalesced":
+            rank.coalesced(group, ["allreduce", "allreduce"], state)
+        else:
+            rank.collective(group, op, state=state)
+    return rank
+
+
+def _expected(raw: dict[str, Any], count: int, size: int, path: Path) -> tuple[RankDump, int, bool] | None:
+    """What the window of ``count`` must read: the full reading of the newest ``count`` entries, its recorders
+    reaching back to its oldest entry; the whole dump where the head's first entries and ``count`` reach it; None
+    (read in full) where the dump holds no more entries than the head reads."""
+    entries = raw["entries"]
+    if len(entries) <= quick_read.HEAD_ENTRIES:
+        return None
+    if len(entries) <= count + quick_read.HEAD_ENTRIES:
+        return reduce_dump(raw, size, path, 0, None), len(entries), True
+    window = entries[-count:]
+    found = reduce_dump({**raw, "entries": window}, size, path, 0, None)
+    oldest = min(e["time_created_ns"] for e in window)
+    recorders = {lib: dataclasses.replace(r, wrapped=True, oldest_ns=oldest) for lib, r in found.recorders.items()}
+    return dataclasses.replace(found, recorders=recorders, window_oldest_ns=oldest), count, False
+
+
+def _check(tmp_path: Path, rank: Rank, count: int, protocol: int = 2) -> quick_read.Window | None:
+    """The window of ``count`` read as :func:`_expected` says. It may hold more than ``count`` entries (a start that
+    does not unpickle alone, a string first written in an older entry: an earlier start is taken), never fewer (but
+    for the whole dump), and it reads as the full reading of those it holds."""
+    raw = rank.dump()
+    path = tmp_path / "nccl_trace_rank_0"
+    path.write_bytes(pickle.dumps(raw, protocol=protocol))
+    found = quick_read.read_window(path, 0, count, None, tmp_path)
+    n = len(raw["entries"])
+    expected = _expected(pickle.loads(path.read_bytes()), count, path.stat().st_size, path)
+    if expected is None:
+        assert found is None
+        return None
+    assert found is not None and min(count, n) <= found.entries <= n
+    if found.entries != expected[1] or found.whole != expected[2]:
+        expected = _expected(pickle.loads(path.read_bytes()), found.entries, path.stat().st_size, path)
+        assert expected is not None
+    dump, entries, whole = expected
+    assert (found.entries, found.whole) == (entries, whole)
+    assert found.dump == dump
+    return found
+
+
+_OPS = st.tuples(
+    st.integers(0, 3),
+    st.sampled_from(["all_reduce", "all_reduce", "broadcast", "send", "recv", "batch", "coalesced"]),
+    st.booleans(),
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    ops=st.lists(_OPS, min_size=1, max_size=90),
+    descs=st.lists(st.sampled_from(DESCS), min_size=1, max_size=4),
+    count=st.integers(1, 40),
+    protocol=st.sampled_from([2, 3]),
+    frames=st.booleans(),
+)
+def test_a_window_reads_as_the_full_reading_of_its_entries(tmp_path_factory, ops, descs, count, protocol, frames):
+    _check(tmp_path_factory.mktemp("w"), _rank(ops, descs, frames), count, protocol)
+
+
+def _steady(n: int, descs: list[str] | None = None, late: int | None = None) -> Rank:
+    """``n`` all_reduces on group 0 (group 1's first at op ``late``); the last one unfinished."""
+    ops = [(1 if i == late else 0, "all_reduce", i < n - 1) for i in range(n)]
+    return _rank(ops, descs or ["default_pg", "mesh_tp"])
+
+
+def test_a_window_holds_the_newest_count_entries_and_its_recorder_reaches_back_to_the_oldest(tmp_path: Path) -> None:
+    found = _check(tmp_path, _steady(50), 10)
+    assert (found.entries, found.whole) == (10, False)
+    assert found.dump.window_oldest_ns == min(e["time_created_ns"] for e in _steady(50).dump()["entries"][-10:])
+
+
+@pytest.mark.parametrize("n, whole", [(12, True), (13, False)])
+def test_a_window_is_the_whole_dump_where_the_heads_two_entries_and_count_reach_the_first(tmp_path, n, whole):
+    assert quick_read.HEAD_ENTRIES == 2
+    found = _check(tmp_path, _steady(n), 10)
+    assert found.whole is whole and found.entries == (n if whole else 10)
+    assert (found.dump.window_oldest_ns is None) is whole
+
+
+def test_a_group_first_used_late_is_read_with_a_longer_head(tmp_path: Path) -> None:
+    """Group 1's name is first written at entry 40 (a memo slot the first two entries did not fill): the tail refers to
+    it, and the head is read on to that entry."""
+    found = _check(tmp_path, _steady(60, late=40), 30)
+    assert ("1", "nccl") in found.dump.last
+
+
+def test_the_head_is_found_by_its_byte_patterns_without_walking_it(tmp_path: Path, monkeypatch) -> None:
+    """A dump as torch writes it: the key ``entries``, its list and the entries' starts are found by their bytes;
+    the opcode walk is the fallback, not the way."""
+
+    def no_walk(*_: object) -> None:
+        raise AssertionError("walked")
+
+    monkeypatch.setattr(quick_read, "_walk", no_walk)
+    found = _check(tmp_path, _steady(50), 10)
+    assert found.entries == 10
+
+
+def test_a_head_larger_than_the_first_read_is_read_in_larger_pieces(tmp_path: Path) -> None:
+    """A group of 40,000 ranks listed in ``pg_config`` (before the entries): a head of about 250 KB, four first
+    reads."""
+    clock = Clock()
+    tp, big = Group("1", "mesh_tp", (0, 1)), Group("9", "mesh_big", tuple(range(40_000)))
+    rank = Rank(0, [tp, big], clock)
+    for _ in range(50):
+        rank.collective(tp)
+    found = _check(tmp_path, rank, 10)
+    assert found is not None and found.dump.groups["9"].ranks == range(40_000)
+    assert (tmp_path / "nccl_trace_rank_0").stat().st_size > 3 * quick_read.HEAD_BYTES
+
+
+def test_the_walk_finds_the_end_of_the_wanted_entry() -> None:
+    data = pickle.dumps(_steady(5).dump(), protocol=2)
+    head = quick_read._walk(data, 2)
+    assert head is not None and head.entries == 2
+    top = pickle.loads(data[: head.cut] + b"eu.")
+    assert len(top["entries"]) == 2 and top["entries"] == pickle.loads(data)["entries"][:2]
+    assert data[head.first_entry] == ord("}") and head.key_op[0] in (ord("h"), ord("j"))
+    assert quick_read._walk(data, 9) is None  # the entries end first: a small dump, read in full
+    assert quick_read._walk(data[: head.cut - 1], 2) is None  # the bytes end first: read more
+    assert quick_read._walk(pickle.dumps(_steady(5).dump(), protocol=4), 2) is None
+    assert quick_read._walk(b"\x80", 2) is None and quick_read._walk(b"", 2) is None
+    assert quick_read._walk(data[:2] + b"\xff" + data[3:], 2) is None  # not an opcode of plain data
+
+
+def test_the_walk_reads_on_until_the_memo_slot_named_is_filled() -> None:
+    data = pickle.dumps(_steady(60, late=40).dump(), protocol=2)
+    first = quick_read._walk(data, 2)
+    assert first is not None
+    later = quick_read._walk(data, 2, slot=2000)
+    assert later is None or later.entries > first.entries  # past every slot: to the end (None) or an entry far on
+    on = quick_read._walk(data, 2, slot=400)
+    assert on is not None and on.entries > 2 and on.cut > first.cut
+
+
+@pytest.mark.parametrize(
+    "data, end",
+    [
+        (b"N", 1), (b"K\x05", 2), (b"M\x01\x02", 3), (b"J\x01\x02\x03\x04", 5), (b"G" + bytes(8), 9),
+        (b"X\x03\x00\x00\x00abc", 8), (b"X\x03\x00\x00\x00ab", -1), (b"X\x03\x00", -1), (b"U\x02ab", 4),
+        (b"U\x02a", -1), (b"U", -1), (b"q\x07", 2), (b"r\x01\x00\x00\x00", 5), (b"r\x01\x00", -1), (b"\x95", -1),
+        (b"c", -1), (b"\x80\x02", 2), (b"\x8a\x01\x05", 3), (b"B\x00\x00\x00\x00", 5),
+    ],
+)  # fmt: skip
+def test_each_plain_data_opcode_ends_where_its_argument_ends(data: bytes, end: int) -> None:
+    assert quick_read._op_end(data, 0) == end
+
+
+def test_a_dump_that_is_not_plain_protocol_2_or_3_data_is_left_to_the_full_reading(tmp_path: Path) -> None:
+    path = tmp_path / "nccl_trace_rank_0"
+    for data in (pickle.dumps(_steady(50).dump(), protocol=4), b"not a pickle" * 100, b"",
+                 pickle.dumps({"version": "2.10", "entries": []}, protocol=2),
+                 pickle.dumps({"version": "2.10", "entries": [{"a": 1}] * 3}, protocol=2)):  # fmt: skip
+        path.write_bytes(data)
+        assert quick_read.read_window(path, 0, 10, None, tmp_path) is None
+    os.mkfifo(tmp_path / "nccl_trace_rank_1")
+    assert quick_read.read_window(tmp_path / "nccl_trace_rank_1", 1, 10, None, tmp_path) is None
+    assert quick_read.read_window(tmp_path / "gone", 2, 10, None, tmp_path) is None
+
+
+def test_a_malformed_window_is_refused_as_the_full_reading_refuses_it(tmp_path: Path) -> None:
+    rank = _steady(50)
+    raw = rank.dump()
+    raw["entries"][-1]["collective_seq_id"] = "seven"
+    path = tmp_path / "nccl_trace_rank_0"
+    path.write_bytes(pickle.dumps(raw, protocol=2))
+    with pytest.raises(DumpError, match="nccl_trace_rank_0"):
+        quick_read.read_window(path, 0, 10, None, tmp_path)
+
+
+def test_an_entry_start_inside_a_string_of_the_tail_is_passed_over(tmp_path: Path) -> None:
+    """A thread name in the newest entries holds the bytes an entry starts with: the start inside it does not unpickle
+    to entries, and the next earlier start is tried."""
+    rank = _steady(50)
+    raw = rank.dump()
+    data = pickle.dumps(raw, protocol=2)
+    head = quick_read._walk(data, 2)
+    assert head is not None
+    fake = "}(" + head.key_op.decode("latin-1") + "\xff"  # then no opcode: it does not unpickle
+    for entry in raw["entries"][-3:]:
+        entry["thread_name"] = fake
+    path = tmp_path / "nccl_trace_rank_0"
+    path.write_bytes(pickle.dumps(raw, protocol=2))
+    assert fake.encode("latin-1") in path.read_bytes() or fake.encode() in path.read_bytes()
+    found = quick_read.read_window(path, 0, 2, None, tmp_path)
+    assert found is not None and found.entries >= 2
+    expected = _expected(pickle.loads(path.read_bytes()), found.entries, path.stat().st_size, path)
+    assert expected is not None and found.dump == expected[0]
+
+
+def test_the_constants_are_what_the_module_says() -> None:
+    assert (quick_read.HEAD_BYTES, quick_read.HEAD_ENTRIES, quick_read.TAIL_BYTES_PER_ENTRY) == (1 << 16, 2, 1024)
+    assert (quick_read.STARTS_TRIED, quick_read.HEAD_TRIES) == (4, 4)
