@@ -46,6 +46,7 @@ import os
 import random
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -299,6 +300,19 @@ for name in sys.argv[1].split(","):
         __import__(name)
     except Exception:
         pass
+running = []
+
+
+def stop(*_):
+    for child in running:
+        try:
+            os.killpg(child, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    os._exit(1)
+
+
+signal.signal(signal.SIGTERM, stop)
 print("ready", flush=True)
 for line in sys.stdin:
     job = json.loads(line)
@@ -317,6 +331,7 @@ for line in sys.stdin:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)
+    running[:] = [pid]
     deadline, rc = started + job["timeout"], None
     while True:
         done, status = os.waitpid(pid, os.WNOHANG)
@@ -380,8 +395,12 @@ class _Pytest:
 
     def close(self) -> None:
         if self.server is not None and self.server.poll() is None:
-            self.server.kill()
-            self.server.wait(timeout=30)
+            self.server.terminate()  # it ends the run in flight, with every process the tests started
+            try:
+                self.server.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.server.kill()
+                self.server.wait(timeout=30)
 
     def __call__(self, files: Sequence[str], timeout: float) -> tuple[str, float, str]:
         rc, seconds = self._forked(files, timeout) if self.fork else self._fresh(files, timeout)
@@ -498,24 +517,35 @@ def _modules(args: argparse.Namespace, root: Path) -> list[_Module]:
     return found
 
 
-def _baseline(module: _Module, pytest: _Pytest, args: argparse.Namespace, log) -> float:
-    """Times each test file on the unmutated code; leaves out the slow ones; the time bound per mutant."""
-    total = 0.0
-    kept = []
+def _baseline(module: _Module, pytest: _Pytest, args: argparse.Namespace, log) -> dict[str, float]:
+    """Times each test file on the unmutated code and leaves out the slow ones; the kept files, fastest first (a
+    mutant is run against one file at a time, and the first that fails kills it), each with its time bound."""
+    times = {}
     for test in module.tests:
         status, seconds, detail = pytest([test], args.max_file_seconds * 4)
         if status != "passed":
             raise SystemExit(f"{test} does not pass on the unmutated code ({status}): {detail}")
         if seconds > args.max_file_seconds:
             module.slow[test] = round(seconds, 1)
-            log(
-                f"  left out {test}: {seconds:.1f} s on the unmutated code (--max-file-seconds {args.max_file_seconds})"
-            )
+            log(f"  left out {test}: {seconds:.1f} s unmutated (--max-file-seconds {args.max_file_seconds})")
         else:
-            kept.append(test)
-            total += seconds
-    module.tests = kept
-    return args.timeout or max(20.0, 3 * total + 10)
+            times[test] = seconds
+    module.tests = sorted(times, key=times.__getitem__)
+    return {test: args.timeout or max(20.0, 3 * times[test] + 10) for test in module.tests}
+
+
+def _try(pytest: _Pytest, bounds: dict[str, float], then: Sequence[str] | None) -> tuple[str, float, str, list[str]]:
+    """The mutant against each test file in turn until one fails (or runs out of time); survivors against ``then``."""
+    total = 0.0
+    for test, bound in bounds.items():
+        status, seconds, detail = pytest([test], bound)
+        total += seconds
+        if status != "passed":
+            return status, total, detail, [test]
+    if then:
+        status, seconds, detail = pytest(then, 20 * max(bounds.values(), default=20.0))
+        return status, total + seconds, detail, list(then) if status != "passed" else []
+    return "passed", total, "", []
 
 
 def _run_module(
@@ -531,7 +561,7 @@ def _run_module(
     outcomes = []
     if not module.tests and mutants:
         log(f"  no test file imports {module.path.name}: every mutant survives")
-    bound = _baseline(module, pytest, args, log) if module.tests and mutants else 0.0
+    bounds = _baseline(module, pytest, args, log) if module.tests and mutants else {}
     if mutants and module.tests:
         pytest.check_origin(target)
     for number, mutant in enumerate(mutants, 1):
@@ -544,15 +574,12 @@ def _run_module(
         try:
             target.write_bytes(mutant.apply(original))
             _drop_bytecode(target)
-            status, seconds, detail = pytest(module.tests, bound)
-            if status == "passed" and args.then:
-                status, more, detail = pytest(args.then, bound * 20)
-                seconds += more
+            status, seconds, detail, killed_by = _try(pytest, bounds, args.then)
         finally:
             target.write_bytes(original)
             _drop_bytecode(target)
         fate = {"passed": "survived", "failed": "killed", "timeout": "timeout"}[status]
-        outcomes.append(Outcome(mutant, fate, seconds, detail))
+        outcomes.append(Outcome(mutant, fate, seconds, detail, killed_by))
         if fate == "survived" or args.verbose:
             log(f"  [{number}/{len(mutants)}] {fate}: {mutant.path}:{mutant.line} {mutant.before} -> {mutant.after}")
     return outcomes
@@ -638,8 +665,13 @@ def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
+def _stop(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)  # the copy is removed and the fork server stopped on the way out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _arguments(argv)
+    signal.signal(signal.SIGTERM, _stop)
 
     def log(text: str) -> None:
         print(text, flush=True)
