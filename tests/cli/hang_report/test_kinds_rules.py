@@ -368,3 +368,62 @@ def test_a_long_line_drops_folders_then_other_axes_then_the_kinds_words_then_its
     room = len(cut) - len("k: ; a") - 1
     assert cut == f"k: {shortest[: room // 2]}…{shortest[len(shortest) - (room - room // 2) :]}; a"
     assert fit_line("label", "body", "action", limit=3) == "lab"
+
+
+# --- the edges of each rule ---------------------------------------------------------------------------------------
+
+
+def test_a_stack_file_whose_watchdog_never_fired_places_no_rank() -> None:
+    """A header alone (the rank left its block, or had not yet run past its deadline) says nothing of where it was."""
+    quiet = {3: RankStack(3, Path("/d/fr_stack_rank_3.txt"), frames=(USER,), fired=False)}
+    kind = _kind([stall(TP, [3], [0, 1, 2], seq=4)], quiet, {3: _progress(3)})
+    assert (kind.name, kind.variant) == ("never_came", "unplaced")
+    assert kind.evidence["samples"] == {}
+    assert _kind([], quiet).name == "agree"
+
+
+def test_a_stack_without_a_frame_is_named_as_its_stack() -> None:
+    bare = {3: RankStack(3, Path("/d/fr_stack_rank_3.txt"), fired=True)}
+    kind = _kind([stall(TP, [3], [0, 1, 2], seq=4)], bare, {3: _progress(3, NOT_WORKING)})
+    assert kind.suggestion is not None and kind.suggestion.text == "fix: what rank 3 waits for at its stack"
+
+
+def test_only_a_wait_can_be_still_working() -> None:
+    """A mismatch or an unfinished collective whose ranks are working is still that: their work is not the fault."""
+    stacks, working = {1: _stack(1), 2: _stack(2)}, {1: _progress(1), 2: _progress(2)}
+    mismatch = _kind([_mismatch([1], "op broadcast (rank 1) where ranks 0, 2-3 have all_reduce")], stacks, working)
+    assert mismatch.name == "mismatch"
+    unfinished = _kind([Finding("not finished", TP, [2], 5, "all_reduce", [0, 1, 3], None, 1_000)], stacks, working)
+    assert unfinished.name == "did_not_finish"
+    missing = _kind([_missing([2])], stacks, working, missing=(2,))
+    assert missing.name == "still_working"
+
+
+def test_the_slowest_working_rank_is_found_where_one_has_no_time() -> None:
+    stacks = {2: _stack(2), 3: _stack(3)}
+    kind = _kind([stall(TP, [2, 3], [0, 1], seq=4)], stacks, {2: _progress(2, ran_s=None), 3: _progress(3, ran_s=90)})
+    assert kind.suggestion == longer_timeout("save", 90.0)
+    stayed = _kind([], stacks, {2: _progress(2, ran_s=None), 3: _progress(3, ran_s=90)})
+    assert stayed.suggestion == longer_timeout("save", 90.0)
+
+
+def test_a_collective_none_finished_names_the_whole_group_not_the_ranks_found() -> None:
+    found = Finding("not finished", TP, [0, 1], 5, "all_reduce", [], 30.0, 1_000)
+    assert _kind([found]).ranks == (0, 1, 2, 3)
+
+
+def test_a_circle_with_a_receive_in_it_says_how_to_order_sends_and_receives() -> None:
+    pp = group("5", (0, 1))
+    dp = group("6", (0, 1), entries={1: entry("6")})
+    findings = [p2p(pp, 1, [0]), stall(dp, [0], [1])]
+    kind = classify(Analysis(findings, [pp, dp], [], {0: dump(0), 1: dump(1, entry("6"))}, 2), {}, {})
+    assert kind.name == "circular_wait"
+    assert kind.suggestion is not None and kind.suggestion.text == (
+        "fix: order these ranks' sends and receives so that one side sends first, or post them together with "
+        "batch_isend_irecv"
+    )
+
+
+def test_a_bound_shorter_than_the_label_and_the_action_cuts_the_line_at_the_bound() -> None:
+    assert fit_line("l", "x" * 20, "a", limit=5) == "l: …;"
+    assert fit_line("l", "x" * 20, "a", limit=7) == "l: …; a"
