@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from nemo_rl_shim.cli.hang_report.analysis import Analysis, Finding
+from nemo_rl_shim.cli.hang_report.analysis import Analysis, Finding, GroupState
 from nemo_rl_shim.cli.hang_report.frames import Frame, frame
 from nemo_rl_shim.cli.hang_report.kinds import MAX_LINE_CHARS, Kind, classify, fit_line
 from nemo_rl_shim.cli.hang_report.progress import CANNOT_JUDGE, NOT_WORKING, WORKING, Progress
@@ -427,3 +427,23 @@ def test_a_circle_with_a_receive_in_it_says_how_to_order_sends_and_receives() ->
 def test_a_bound_shorter_than_the_label_and_the_action_cuts_the_line_at_the_bound() -> None:
     assert fit_line("l", "x" * 20, "a", limit=5) == "l: …;"
     assert fit_line("l", "x" * 20, "a", limit=7) == "l: …; a"
+
+
+def _done_peers(name: str, done: tuple[bool, bool] = (True, True)) -> GroupState:
+    states = {r: entry(name, 4, state="completed" if d else "scheduled") for r, d in zip((0, 1), done, strict=True)}
+    return group(name, range(4), entries=states)
+
+
+def test_a_missing_dump_defers_only_to_another_of_the_same_ranks_whose_peers_still_wait() -> None:
+    """The rule of the first finding is for missing dumps alone: a stall first stays first; a missing dump whose
+    peers still wait (one of them is enough) stays first; a missing dump nobody waits for stays first."""
+    waiting = Finding("missing", _done_peers("2", (False, False)), [3], 9, "broadcast", [0, 1], None, 2_000)
+    finished = Finding("missing", _done_peers("1"), [3], 4, "all_reduce", [0, 1], None, 1_000)
+    stalled = Finding("stall", _done_peers("5"), [3], 4, "all_reduce", [0, 1], None, 1_000)
+    assert _kind([stalled, waiting], missing=(3,)).evidence["group"] == "5"
+    one_waits = Finding("missing", _done_peers("1", (True, False)), [3], 4, "all_reduce", [0, 1], None, 1_000)
+    assert _kind([one_waits, waiting], missing=(3,)).evidence["group"] == "1"
+    world = Finding("missing", group("", range(4)), [3], 0, "", [], None, 0, "no group map places rank 3")
+    assert _kind([world, waiting], missing=(3,)).name == "no_dump"
+    other_stall = Finding("stall", _done_peers("6", (False, False)), [3], 4, "all_reduce", [0, 1], None, 1_000)
+    assert _kind([finished, other_stall], missing=(3,)).evidence["group"] == "1"  # only a missing dump is its place
