@@ -196,7 +196,8 @@ def test_only_stalls_and_p2p_findings_are_waits() -> None:
     findings, dumps = _findings([("stall", "a", (0,), (1,)), ("p2p", "b", (1,), (0,))])
     other = Finding("not finished", findings[0].group, [0], 1, "all_reduce", [1], None, 0)
     empty = Finding("stall", findings[0].group, [], 1, "all_reduce", [0], None, 0)
-    found = waits([other, *findings, empty], dumps)
+    gone_on = Finding("stall", findings[0].group, [0], 1, "all_reduce", [5], None, 0)  # rank 5 holds no entry: none
+    found = waits([other, *findings, empty, gone_on], dumps)
     assert [(w.waiting, w.on, w.op, w.p2p) for w in found] == [
         ((0,), (1,), "all_reduce", False),
         ((1,), (0,), "recv", True),
