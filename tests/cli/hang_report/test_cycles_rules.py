@@ -104,6 +104,23 @@ def test_a_cascade_is_not_a_cycle_even_when_a_rank_is_visited_twice() -> None:
     assert _circle(specs[:1] + specs[2:]) is None  # without the wait that closes it, none
 
 
+def test_waits_are_tried_by_their_lowest_waiting_rank_in_the_circle_then_their_group() -> None:
+    """Rank 1 waits with rank 2 in group y2 but is in no circle: its number does not put that wait first."""
+    specs: list[Spec] = [("stall", "y2", (1, 2), (3,)), ("stall", "a", (2,), (3,)), ("stall", "z", (3,), (2,))]
+    assert _steps(_same_in_every_order(specs)) == [("a", (2,), (3,)), ("z", (3,), (2,))]
+    # ranks 0 and 5 wait together: the wait's lowest rank (0) is what orders it, not its highest
+    specs = [("stall", "b", (0,), (2,)), ("stall", "c", (2,), (0,)), ("stall", "a", (0, 5), (1,)),
+             ("stall", "d", (1,), (0,))]  # fmt: skip
+    assert _steps(_same_in_every_order(specs)) == [("a", (0, 5), (1,)), ("d", (1,), (0,))]
+
+
+def test_a_rank_reached_before_its_own_turn_does_not_end_the_search() -> None:
+    """Rank 1 waits on rank 4 and is reached from rank 0 first; the search then goes on past it to ranks 2 and 3."""
+    specs: list[Spec] = [("stall", "a", (0,), (1,)), ("stall", "b", (1,), (4,)), ("stall", "c", (2,), (3,)),
+                         ("stall", "d", (3,), (2,))]  # fmt: skip
+    assert _steps(_same_in_every_order(specs)) == [("c", (2,), (3,)), ("d", (3,), (2,))]
+
+
 def test_a_chain_that_does_not_return_is_not_a_circle() -> None:
     assert _circle([("stall", "a", (0,), (1,)), ("stall", "b", (1,), (2,)), ("stall", "c", (2,), (3,))]) is None
     assert _circle([]) is None

@@ -107,6 +107,11 @@ def test_a_tenth_of_a_core_is_working_and_less_is_not() -> None:
     assert below.verdict == NOT_WORKING
 
 
+def test_cpu_alone_counts_over_a_span_shorter_than_a_second() -> None:
+    found = judge(_stack(A), [_at(0, _task(0.0)), _at(0.5, _task(0.05))])
+    assert (found.verdict, found.reason) == (WORKING, "CPU +0.1 s in 0.5 s")
+
+
 def test_64_kib_read_or_written_is_working_and_less_is_not() -> None:
     assert MIN_BYTES == 64 * 1024
     for key, verb in (("wchar", "written"), ("write_bytes", "written"), ("rchar", "read"), ("read_bytes", "read")):
@@ -177,6 +182,8 @@ def test_the_judgement_as_json() -> None:
     assert found.working and not judge(_stack(A), []).working
     bare = judge(_stack(what=None), []).to_json()
     assert (bare["span_s"], bare["where"], bare["moved"]) == (None, None, None)
+    timeless = RankStack(3, Path("/d/fr_stack_rank_3.txt"), fired=True)  # no header time, no sample time
+    assert judge(timeless, []).to_json()["ran_s"] is None
 
 
 def test_only_ranks_whose_watchdog_wrote_a_stack_are_judged(tmp_path: Path) -> None:

@@ -106,7 +106,7 @@ def test_a_rank_whose_window_does_not_reach_back_is_read_further_growth_times_mo
     assert (found.kind.name, found.kind.ranks, found.rounds) == ("never_came", (1,), rounds), found.line
     assert found.read_further == ([] if rounds == 1 else [0, 1])  # the unclear group's ranks: both
     read = WINDOW * GROWTH ** (rounds - 1)
-    assert found.windows == (ENOUGH + 1 > read) + (ENOUGH + after > read)  # the ranks whose first entry was not read
+    assert found.windows == (read < ENOUGH + 1) + (ENOUGH + after > read)  # the ranks whose first entry was not read
     assert found.line.startswith("never came: rank 1 did not enter all_reduce #41 on tp")
 
 
