@@ -114,6 +114,19 @@ def test_waits_are_tried_by_their_lowest_waiting_rank_in_the_circle_then_their_g
     assert _steps(_same_in_every_order(specs)) == [("a", (0, 5), (1,)), ("d", (1,), (0,))]
 
 
+def test_the_shortest_circle_of_the_lowest_rank_is_named_whichever_of_its_waits_is_tried_first() -> None:
+    specs: list[Spec] = [("stall", "a", (0,), (1,)), ("stall", "b", (1,), (2,)), ("stall", "c", (2,), (0,)),
+                         ("stall", "z", (0,), (3,)), ("stall", "y", (3,), (0,))]  # fmt: skip
+    assert _steps(_same_in_every_order(specs)) == [("z", (0,), (3,)), ("y", (3,), (0,))]
+
+
+def test_a_receive_and_a_collective_of_one_group_close_a_circle() -> None:
+    """Rank 0 waits in a recv from rank 1 on group g, while rank 1 waits in g's all_reduce for rank 0: one
+    communicator, each op behind the other."""
+    cycle = _same_in_every_order([("p2p", "g", (0,), (1,)), ("stall", "g", (1,), (0,))])
+    assert _steps(cycle) == [("g", (0,), (1,)), ("g", (1,), (0,))]
+
+
 def test_a_rank_reached_before_its_own_turn_does_not_end_the_search() -> None:
     """Rank 1 waits on rank 4 and is reached from rank 0 first; the search then goes on past it to ranks 2 and 3."""
     specs: list[Spec] = [("stall", "a", (0,), (1,)), ("stall", "b", (1,), (4,)), ("stall", "c", (2,), (3,)),

@@ -58,6 +58,16 @@ def test_the_stack_moved_where_two_samples_in_a_row_differ() -> None:
     assert (moved.moved, moved.verdict, moved.reason) == (True, WORKING, "stack moved")
 
 
+def test_two_samples_are_enough_to_say_the_stack_did_not_move() -> None:
+    assert judge(_stack(A, A), []).reason == (
+        "the stack did not move in 2 samples, and no counters tell a C call from sleep"
+    )  # fmt: skip
+    idle = judge(_stack(A, A), [_at(0, _task(1.0)), _at(2, _task(1.0))])
+    assert (idle.verdict, idle.reason) == (
+        NOT_WORKING, "no CPU, no I/O of the process in 2.0 s; the stack did not move in 2 samples"
+    )  # fmt: skip
+
+
 def test_a_stack_that_did_not_move_and_no_counters_cannot_be_judged() -> None:
     found = judge(_stack(A, A, A), [])
     assert (found.verdict, found.reason) == (
@@ -164,6 +174,15 @@ def test_how_long_the_block_ran_is_from_its_entry_to_the_newest_sample() -> None
     early = _stack()
     assert judge(early, [before]).ran_s == 35.0  # a sample before the entry says nothing: the header's after_s
     assert judge(early, []).ran_s == 35.0
+
+
+def test_a_sample_without_a_time_or_at_the_entry_itself() -> None:
+    untimed = RankStack(3, Path("/d/fr_stack_rank_3.txt"), frames=A, samples=(StackSample(A, None),), fired=True,
+                        entered_ns=ENTERED, after_s=35.0)  # fmt: skip
+    assert judge(untimed, []).ran_s == 35.0  # the header's after_s
+    at_entry = RankStack(3, Path("/d/fr_stack_rank_3.txt"), frames=A, samples=(StackSample(A, ENTERED),), fired=True,
+                         entered_ns=ENTERED, after_s=35.0)  # fmt: skip
+    assert judge(at_entry, []).ran_s == 0.0
 
 
 def test_the_phase_is_the_watched_block_else_the_function_the_rank_was_in() -> None:
