@@ -96,6 +96,12 @@ def test_dumps_of_several_prefixes_are_refused_naming_each_and_where(tmp_path: P
     )
 
 
+def test_three_folders_are_named_and_a_fourth_is_counted(tmp_path: Path) -> None:
+    three = _files(tmp_path / "t", "a/nccl_trace_rank_0", "b/nccl_trace_rank_1", "c/nccl_trace_rank_2", "old_0")
+    with pytest.raises(DumpError, match=r"runs: old_<rank> \(1 in \.\); nccl_trace_rank_<rank> \(3 in a, b, c\); keep"):
+        find_run(three, NO_ENV)
+
+
 def test_the_prefix_the_environment_names_is_read_and_said(tmp_path: Path) -> None:
     root = _files(tmp_path, "nccl_trace_rank_0", "mine_0", "mine_1")
     for name in ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"):

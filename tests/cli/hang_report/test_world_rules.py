@@ -46,6 +46,19 @@ def test_a_default_group_listed_rank_by_rank_states_the_world() -> None:
     assert stated_world(_dumps([0], default_ranks=())) is None  # an empty list states nothing
 
 
+def test_a_default_group_listed_in_any_order_states_the_world() -> None:
+    for listed in (range(3, -1, -1), (2, 0, 3, 1)):
+        assert stated_world(_dumps([0], default_ranks=listed)).size == 4  # type: ignore[union-attr]
+    backwards = {0: dump(0, world_size=4, groups={"1": GroupFacts(range(4, -1, -2), stated=True)})}
+    with pytest.raises(DumpError, match="lists rank 4, outside"):
+        world_of(backwards)
+
+
+def test_a_group_map_without_groups_states_the_world_by_its_size_alone() -> None:
+    assert stated_world(sidecars={3: {"world_size": 6}}) == World(6, "the world_size in rank 3's group map", True)
+    assert stated_world(sidecars={3: {"groups": None}}) is None
+
+
 def test_a_default_group_that_is_not_0_to_n_minus_1_is_refused() -> None:
     for listed in ((1, 2, 3), (0, 1, 3), range(1, 5)):
         with pytest.raises(DumpError, match=r"its default group lists ranks .*, not 0 to "):
