@@ -266,7 +266,7 @@ def _has_circle(specs: Sequence[Spec]) -> bool:
             del edges[rank]
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150, deadline=None, derandomize=True)  # the same examples every run: a steady figure
 @given(specs=_wait_sets(), data=st.data())
 def test_any_order_of_any_waits_names_the_same_circle_and_only_a_true_one(specs: list[Spec], data) -> None:
     findings, dumps = _findings(specs)

@@ -97,7 +97,7 @@ _OPS = st.tuples(
 )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     ops=st.lists(_OPS, min_size=1, max_size=90),
     descs=st.lists(st.sampled_from(DESCS), min_size=1, max_size=4),
