@@ -24,6 +24,7 @@ from nemo_rl_shim.cli.hang_report.quick import (
     _unfinished_hidden,
     quick_line,
 )
+from nemo_rl_shim.cli.hang_report.quick_read import read_window
 from tests.harness.hang_records import GLOO, dump, entry, group
 from tests.harness.nccl_format_dumps import Clock, Group, Rank
 
@@ -177,3 +178,16 @@ def test_the_quick_line_as_json_says_whether_the_full_reading_agreed(tmp_path: P
         "kind": "never_came", "variant": "unplaced", "ranks": [1], "windows": 0, "read_further": [0, 1], "rounds": 2,
     }  # fmt: skip
     assert payload["line"] == found.line and payload["seconds"] == round(found.seconds, 3) and found.seconds > 0
+
+
+def test_a_rank_that_cannot_be_read_further_leaves_the_line_to_the_full_reading(tmp_path: Path, monkeypatch) -> None:
+    """Its second window unreadable (the file replaced between the reads, say): no quick line, no crash."""
+
+    def first_window_only(path, rank, count, *rest):
+        return None if count > WINDOW else read_window(path, rank, count, *rest)
+
+    monkeypatch.setattr("nemo_rl_shim.cli.hang_report.quick.read_window", first_window_only)
+    directory = _world(tmp_path, after=WINDOW)
+    assert _quick(directory) is None
+    monkeypatch.setattr("nemo_rl_shim.cli.hang_report.quick.read_window", read_window)
+    assert _quick(directory) is not None
