@@ -34,13 +34,14 @@ TP = Group("1", "mesh_tp", (0, 1))
 ENOUGH = 40  # tp all_reduces both ranks finished (more than a window: rank 0 is read as one)
 
 
-def _world(directory: Path, after: int, protocols: tuple[int, int] = (2, 2), stall: bool = True) -> Path:
+def _world(directory: Path, after: int, protocols: tuple[int, int] = (2, 2), stall: bool = True,
+           enough: int = ENOUGH) -> Path:  # fmt: skip
     """Ranks 0 and 1 finish ``ENOUGH`` all_reduces on tp; rank 0 enters the next and waits (unless not ``stall``);
     rank 1 then runs ``after`` all_reduces on a group of its own: its last tp entry is ``after + 1`` entries back."""
     clock = Clock()
     solo = Group("2", "mesh_solo", (1,))
     ranks = [Rank(0, [TP], clock), Rank(1, [TP, solo], clock)]
-    for _ in range(ENOUGH):
+    for _ in range(enough):
         for rank in ranks:
             rank.collective(TP)
     if stall:
@@ -111,6 +112,12 @@ def test_a_rank_whose_window_does_not_reach_back_is_read_further_growth_times_mo
     assert found.line.startswith("never came: rank 1 did not enter all_reduce #41 on tp")
 
 
+def test_a_rank_read_whole_at_first_is_not_read_again(tmp_path: Path) -> None:
+    """Rank 0 holds 21 entries: its first read reached its first entry. Only rank 1, out of reach, is read further."""
+    found = _quick(_world(tmp_path, after=WINDOW, enough=20))
+    assert found is not None and (found.kind.name, found.read_further, found.rounds) == ("never_came", [1], 2)
+
+
 def test_after_the_last_round_a_rank_still_out_of_reach_gives_no_line(tmp_path: Path) -> None:
     """Three rounds read 32, 256 and 2,048 entries: a tp entry 2,049 back stays out of reach, and "cannot tell" is
     no quick line."""
@@ -177,7 +184,8 @@ def test_the_quick_line_as_json_says_whether_the_full_reading_agreed(tmp_path: P
     assert {k: payload[k] for k in ("kind", "variant", "ranks", "windows", "read_further", "rounds")} == {
         "kind": "never_came", "variant": "unplaced", "ranks": [1], "windows": 0, "read_further": [0, 1], "rounds": 2,
     }  # fmt: skip
-    assert payload["line"] == found.line and payload["seconds"] == round(found.seconds, 3) and found.seconds > 0
+    assert payload["line"] == found.line and payload["seconds"] == round(found.seconds, 3)
+    assert 0 < found.seconds < 120  # from its start
 
 
 def test_a_rank_that_cannot_be_read_further_leaves_the_line_to_the_full_reading(tmp_path: Path, monkeypatch) -> None:
