@@ -613,12 +613,21 @@ def _row(name: str, counts: list[int]) -> str:
     return f"{name:<48} {total:>7} {killed:>7} {timeout:>7} {survived:>8} {equivalent:>6} {share:>8}"
 
 
-def _save(path: Path, outcomes: Sequence[Outcome], modules: Sequence[_Module]) -> None:
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False,
-                            timeout=30).stdout.strip()  # fmt: skip
+def _commit(root: Path) -> str:
+    """The root's commit, ``+dirty`` where its files differ from it (as copied)."""
+
+    def git(*command: str) -> str:
+        found = subprocess.run(["git", *command], cwd=root, capture_output=True, text=True, check=False, timeout=60)
+        return found.stdout.strip() if found.returncode == 0 else ""
+
+    commit = git("rev-parse", "--short", "HEAD")
+    return f"{commit}+dirty" if commit and git("status", "--porcelain", "--untracked-files=no") else commit or "?"
+
+
+def _save(path: Path, outcomes: Sequence[Outcome], modules: Sequence[_Module], commit: str, started: str) -> None:
     data = {
         "commit": commit,
-        "date": time.strftime("%Y-%m-%d"),
+        "date": started,
         "tests": {m.path.name: m.tests for m in modules},
         "left_out_slow": {m.path.name: m.slow for m in modules if m.slow},
         "outcomes": [{**asdict(o), "mutant": asdict(o.mutant)} for o in outcomes],
@@ -688,6 +697,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     equivalents = _load_equivalents(args.equivalents)
     outcomes: list[Outcome] = []
+    commit, started = _commit(args.root), time.strftime("%Y-%m-%d %H:%M")
     with tempfile.TemporaryDirectory(prefix="mutate-") as scratch:
         tree = Path(scratch)
         _copy_tree(args.root, tree)
@@ -700,7 +710,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         finally:
             pytest.close()
     if args.json:
-        _save(args.json, outcomes, modules)
+        _save(args.json, outcomes, modules, commit, started)
     log(_table(outcomes))
     return 0
 
