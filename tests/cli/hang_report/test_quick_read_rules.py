@@ -172,6 +172,9 @@ def test_the_walk_finds_the_end_of_the_wanted_entry() -> None:
     assert quick_read._walk(data[: head.cut - 1], 2) is None  # the bytes end first: read more
     assert quick_read._walk(pickle.dumps(_steady(5).dump(), protocol=4), 2) is None
     assert quick_read._walk(b"\x80", 2) is None and quick_read._walk(b"", 2) is None
+    for header in (b"\x80\x04", b"\x80\x01", b"\x81\x02", b"}\x02"):  # plain data after it: still not walked
+        assert quick_read._walk(header + data[2:], 2) is None, header
+    assert quick_read._walk(b"\x80\x03" + data[2:], 2) == head
     assert quick_read._walk(data[:2] + b"\xff" + data[3:], 2) is None  # not an opcode of plain data
 
 
@@ -190,8 +193,8 @@ def test_the_walk_reads_on_until_the_memo_slot_named_is_filled() -> None:
     [
         (b"N", 1), (b"K\x05", 2), (b"M\x01\x02", 3), (b"J\x01\x02\x03\x04", 5), (b"G" + bytes(8), 9),
         (b"X\x03\x00\x00\x00abc", 8), (b"X\x03\x00\x00\x00ab", -1), (b"X\x03\x00", -1), (b"U\x02ab", 4),
-        (b"U\x02a", -1), (b"U", -1), (b"q\x07", 2), (b"r\x01\x00\x00\x00", 5), (b"r\x01\x00", -1), (b"\x95", -1),
-        (b"c", -1), (b"\x80\x02", 2), (b"\x8a\x01\x05", 3), (b"B\x00\x00\x00\x00", 5),
+        (b"U\x02a", -1), (b"U\x00", 2), (b"U", -1), (b"q\x07", 2), (b"r\x01\x00\x00\x00", 5), (b"r\x01\x00", -1),
+        (b"\x95", -1), (b"c", -1), (b"\x80\x02", 2), (b"\x8a\x01\x05", 3), (b"B\x00\x00\x00\x00", 5),
     ],
 )  # fmt: skip
 def test_each_plain_data_opcode_ends_where_its_argument_ends(data: bytes, end: int) -> None:
