@@ -109,6 +109,51 @@ def test_a_window_reads_as_the_full_reading_of_its_entries(tmp_path_factory, ops
     _check(tmp_path_factory.mktemp("w"), _rank(ops, descs, frames), count, protocol)
 
 
+def _memo(data: bytes, head: quick_read._Head) -> dict:
+    """The memo the head's bytes fill, unpickled as the reader unpickles them."""
+    return quick_read._unpickle(data[: head.cut] + b"eu.")[1].memo.copy()
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(
+    ops=st.lists(_OPS, min_size=1, max_size=40),
+    descs=st.lists(st.sampled_from(DESCS), min_size=1, max_size=4),
+    protocol=st.sampled_from([2, 3]),
+    frames=st.booleans(),
+    wanted=st.integers(2, 5),
+    slot=st.integers(-1, 400),
+)
+def test_the_walk_ends_where_the_wanted_entry_ends_or_the_slot_named_is_filled(
+    ops, descs, protocol, frames, wanted, slot
+) -> None:
+    """The opcode walk (the head's fallback) against the file's own entries: it ends at the end of the ``wanted``-th
+    entry, or of the first entry after memo slot ``slot`` is filled, and the byte-pattern guess, where it finds a
+    head in a dump without hostile names, finds the same."""
+    raw = _rank(ops, descs, frames).dump()
+    data = pickle.dumps(raw, protocol=protocol)
+    entries = raw["entries"]
+    head = quick_read._walk(data, wanted, slot)
+    if len(entries) < wanted:
+        assert head is None
+        return
+    if head is None:  # the slot is filled by no entry: past the entries, nothing to end at
+        assert slot >= 0 and slot not in _memo(data, quick_read._walk(data, len(entries)))  # type: ignore[arg-type]
+        return
+    top, _ = quick_read._unpickle(data[: head.cut] + b"eu.")
+    assert head.entries >= wanted and top["entries"] == entries[: head.entries]
+    assert data[head.first_entry] == ord("}") and data[head.cut - 1] == ord("u")
+    memo = _memo(data, head)
+    assert head.key_op[0] in (0x68, 0x6A)  # BINGET, LONG_BINGET: the memo slot of an entry's first key
+    assert memo[int.from_bytes(head.key_op[1:], "little")] == next(iter(entries[1]))
+    assert slot < 0 or slot in memo
+    if head.entries > wanted:  # it went on for the slot: the entry before it had not filled it
+        before = quick_read._walk(data, head.entries - 1)
+        assert before is not None and slot not in _memo(data, before)
+    guess = quick_read._found(data, wanted)
+    if guess is not None and not set(descs) - {"default_pg", "mesh_tp", "x" * 300, "é ü 中"}:
+        assert guess == quick_read._walk(data, wanted)
+
+
 def _steady(n: int, descs: list[str] | None = None, late: int | None = None) -> Rank:
     """``n`` all_reduces on group 0 (group 1's first at op ``late``); the last one unfinished."""
     ops = [(1 if i == late else 0, "all_reduce", i < n - 1) for i in range(n)]
