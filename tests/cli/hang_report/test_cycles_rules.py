@@ -108,10 +108,10 @@ def test_waits_are_tried_by_their_lowest_waiting_rank_in_the_circle_then_their_g
     """Rank 1 waits with rank 2 in group y2 but is in no circle: its number does not put that wait first."""
     specs: list[Spec] = [("stall", "y2", (1, 2), (3,)), ("stall", "a", (2,), (3,)), ("stall", "z", (3,), (2,))]
     assert _steps(_same_in_every_order(specs)) == [("a", (2,), (3,)), ("z", (3,), (2,))]
-    # ranks 0 and 5 wait together: the wait's lowest rank (0) is what orders it, not its highest
-    specs = [("stall", "b", (0,), (2,)), ("stall", "c", (2,), (0,)), ("stall", "a", (0, 5), (1,)),
-             ("stall", "d", (1,), (0,))]  # fmt: skip
-    assert _steps(_same_in_every_order(specs)) == [("a", (0, 5), (1,)), ("d", (1,), (0,))]
+    # ranks 0 and 3 (both in the circle) wait together: the wait's lowest rank (0) orders it, not its highest
+    specs = [("stall", "a", (0, 3), (1,)), ("stall", "b", (0,), (2,)), ("stall", "c", (1,), (0, 3)),
+             ("stall", "d", (2,), (0,))]  # fmt: skip
+    assert _steps(_same_in_every_order(specs)) == [("a", (0, 3), (1,)), ("c", (1,), (0, 3))]
 
 
 def test_the_shortest_circle_of_the_lowest_rank_is_named_whichever_of_its_waits_is_tried_first() -> None:
