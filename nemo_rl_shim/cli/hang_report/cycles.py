@@ -16,8 +16,11 @@ the same circle, whatever the order of the findings. :func:`find_cycle` returns 
 **What a circle needs.** Collectives alone close a circle only across two groups or more (a group's stall has its
 waiting ranks at its newest collective and the ranks they wait on behind it: they cannot wait on each other there).
 Point-to-point ops can in one group: rank 0 receives from rank 1 while rank 1 receives from rank 0, and neither
-sends (each op blocks its rank's stream until the other side posts the matching op: torch's ``send``/``recv`` on
-NCCL). A send and its receive that both sides posted, neither finished, is no circle: both sides did their part (the
+sends. Each ``send`` or ``recv`` waits for the peer's matching op, and ops not posted together may block each other
+(NCCL's user guide, "Point-to-point communication": calls that must progress concurrently are merged in one group,
+which is what torch's ``batch_isend_irecv`` does). What torch records of it: each rank's unfinished ``recv`` and no
+``send`` toward the other, so the analysis names each rank as the one the other waits on (two "p2p" findings). A
+send and its receive that both sides posted, neither finished, is no circle: both sides did their part (the
 analysis's "not finished" pair: the transport).
 """
 
