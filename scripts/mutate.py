@@ -582,6 +582,8 @@ def _run_module(
         outcomes.append(Outcome(mutant, fate, seconds, detail, killed_by))
         if fate == "survived" or args.verbose:
             log(f"  [{number}/{len(mutants)}] {fate}: {mutant.path}:{mutant.line} {mutant.before} -> {mutant.after}")
+        elif number % 25 == 0:
+            log(f"  [{number}/{len(mutants)}] so far: {sum(o.status == 'survived' for o in outcomes)} survived")
     return outcomes
 
 
