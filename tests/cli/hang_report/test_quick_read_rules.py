@@ -27,7 +27,8 @@ from tests.harness.nccl_format_dumps import Clock, Group, Rank
 pytestmark = [pytest.mark.every_lane]
 
 #: Group descriptions torch would write, and ones whose bytes look like the pickle's own structure.
-DESCS = ["default_pg", "mesh_tp", "x" * 300, "é ü 中", "X\x07\x00\x00\x00entries](", "}q\x01(h\x05", "}(h\x05 }(h\x07"]
+DESCS = ["default_pg", "mesh_tp", "x" * 300, "é ü 中", "X\x07\x00\x00\x00entries](", "}q\x01(h\x05", "}(h\x05 }(h\x07",
+         "entries"]  # fmt: skip
 
 
 def _rank(ops: list[tuple[int, str, bool]], descs: list[str], frames: bool = True) -> Rank:
@@ -204,6 +205,15 @@ def test_a_head_larger_than_the_first_read_is_read_in_larger_pieces(tmp_path: Pa
     found = _check(tmp_path, rank, 10)
     assert found is not None and found.dump.groups["9"].ranks == range(40_000)
     assert (tmp_path / "nccl_trace_rank_0").stat().st_size > 3 * quick_read.HEAD_BYTES
+
+
+def test_a_group_named_entries_makes_the_key_a_memo_reference_the_walk_still_finds(tmp_path: Path) -> None:
+    """pickle writes a string once: a group described as "entries" in ``pg_config`` makes the top-level key
+    ``entries`` a reference to it, which the byte patterns do not find and the walk does."""
+    found = _check(tmp_path, _steady(50, ["entries", "mesh_tp"]), 10)
+    data = (tmp_path / "nccl_trace_rank_0").read_bytes()
+    assert b"X\x07\x00\x00\x00entries]" not in data and quick_read._found(data, 2) is None
+    assert found is not None and found.entries == 10
 
 
 def test_the_walk_finds_the_end_of_the_wanted_entry() -> None:
