@@ -180,6 +180,13 @@ def test_a_sample_without_a_time_or_at_the_entry_itself() -> None:
     untimed = RankStack(3, Path("/d/fr_stack_rank_3.txt"), frames=A, samples=(StackSample(A, None),), fired=True,
                         entered_ns=ENTERED, after_s=35.0)  # fmt: skip
     assert judge(untimed, []).ran_s == 35.0  # the header's after_s
+    assert judge(untimed, [_at(4.5)]).ran_s == 39.5  # the counters' time, the untimed sample passed over
+    at_entry_counted = CounterSample(0, ENTERED, 1, ENTERED, None, None)
+    assert judge(untimed, [at_entry_counted]).ran_s == 0.0  # a sample at the entry itself: it had just begun
+    out_of_order = (StackSample(A, ENTERED + 40 * 10**9), StackSample(A, ENTERED + 36 * 10**9))
+    late_first = RankStack(3, Path("/d/fr_stack_rank_3.txt"), frames=A, fired=True, entered_ns=ENTERED, after_s=35.0,
+                           samples=out_of_order)  # fmt: skip
+    assert judge(late_first, []).ran_s == 40.0  # the latest time of any sample
     at_entry = RankStack(3, Path("/d/fr_stack_rank_3.txt"), frames=A, samples=(StackSample(A, ENTERED),), fired=True,
                          entered_ns=ENTERED, after_s=35.0)  # fmt: skip
     assert judge(at_entry, []).ran_s == 0.0
