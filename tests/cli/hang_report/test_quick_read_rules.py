@@ -303,3 +303,191 @@ def test_an_entry_start_inside_a_string_of_the_tail_is_passed_over(tmp_path: Pat
 def test_the_constants_are_what_the_module_says() -> None:
     assert (quick_read.HEAD_BYTES, quick_read.HEAD_ENTRIES, quick_read.TAIL_BYTES_PER_ENTRY) == (1 << 16, 2, 1024)
     assert (quick_read.STARTS_TRIED, quick_read.HEAD_TRIES) == (4, 4)
+
+
+# --- each path of the reader, on bytes built for it ----------------------------------------------------------------
+
+
+def _write(tmp_path: Path, raw: dict[str, Any]) -> Path:
+    path = tmp_path / "nccl_trace_rank_0"
+    path.write_bytes(pickle.dumps(raw, protocol=2))
+    return path
+
+
+def _window(path: Path, count: int) -> quick_read.Window | None:
+    return quick_read.read_window(path, 0, count, None, path.parent)
+
+
+def _as_expected(path: Path, found: quick_read.Window | None) -> None:
+    """``found`` reads as the full reading of the entries it holds."""
+    assert found is not None
+    expected = _expected(pickle.loads(path.read_bytes()), found.entries, path.stat().st_size, path)
+    assert expected is not None and found.dump == expected[0]
+
+
+def test_entries_whose_keys_are_written_out_each_time_are_read_in_full(tmp_path: Path) -> None:
+    """An entry starts as the second one did: its first key a reference to the memo. Keys written out again in
+    every entry (each its own string) mark no start: the dump is read in full."""
+    raw = _steady(50).dump()
+    raw["entries"] = [{k.encode().decode(): v for k, v in e.items()} for e in raw["entries"]]
+    assert _window(_write(tmp_path, raw), 10) is None
+    raw = _steady(50, ["entries", "mesh_tp"]).dump()  # the byte patterns fail first: the walk decides
+    raw["entries"] = [{k.encode().decode(): v for k, v in e.items()} for e in raw["entries"]]
+    assert _window(_write(tmp_path, raw), 10) is None
+
+
+def test_entries_whose_first_key_is_not_text_are_read_in_full(tmp_path: Path) -> None:
+    for descs in (["default_pg", "mesh_tp"], ["entries", "mesh_tp"]):
+        raw = _steady(50, descs).dump()
+        raw["entries"] = [{0: "first", **e} for e in raw["entries"]]
+        assert _window(_write(tmp_path, raw), 10) is None, descs
+
+
+def test_a_first_key_in_a_memo_slot_past_255_is_found_by_its_long_reference(tmp_path: Path, monkeypatch) -> None:
+    clock = Clock()
+    groups = [Group(str(i), f"mesh_{i}", (0, 1)) for i in range(300)]  # 300 names before the entries: slots past 255
+    rank = Rank(0, groups, clock)
+    for _ in range(50):
+        rank.collective(groups[0])
+    path = _write(tmp_path, rank.dump())
+    data = path.read_bytes()
+    guess = quick_read._found(data, 2)
+    assert guess is not None and guess.key_op[0] == 0x6A and guess == quick_read._walk(data, 2)  # LONG_BINGET
+
+    def no_walk(*_: object) -> None:
+        raise AssertionError("walked")
+
+    monkeypatch.setattr(quick_read, "_walk", no_walk)
+    found = _window(path, 10)
+    assert found is not None and found.entries == 10
+    _as_expected(path, found)
+
+
+def _padded(chars: int) -> dict[str, Any]:
+    """50 all_reduces; ``pg_config`` also lists a group no entry names, described in ``chars`` characters."""
+    clock = Clock()
+    tp, unused = Group("0", "mesh_tp", (0, 1)), Group("1", "d" * chars, (0, 1))
+    rank = Rank(0, [tp, unused], clock)
+    for _ in range(50):
+        rank.collective(tp)
+    return rank.dump()
+
+
+def _first_key_at(chars: int) -> int:
+    data = pickle.dumps(_padded(chars), protocol=2)
+    opened = quick_read._ENTRIES_OPEN.search(data)
+    assert opened is not None
+    entry = quick_read._ENTRY_OPEN.match(data, opened.end())
+    assert entry is not None
+    return entry.end()
+
+
+@pytest.mark.parametrize("past", [0, 1, 3])
+def test_a_first_read_that_ends_at_or_inside_the_first_key_reads_more(tmp_path: Path, past: int) -> None:
+    """The first read of the head ends where the first entry's first key starts (or inside it): nothing to find there
+    yet; the next, larger read finds it."""
+    chars = 100 + quick_read.HEAD_BYTES + past - _first_key_at(100)
+    assert _first_key_at(chars) == quick_read.HEAD_BYTES + past
+    path = _write(tmp_path, _padded(chars))
+    found = _window(path, 10)
+    assert found is not None and found.entries == 10
+    _as_expected(path, found)
+
+
+def test_a_window_reads_the_head_once_and_count_kib_of_the_tail(tmp_path: Path, monkeypatch) -> None:
+    """Reading costs what a window needs: one head read, and a tail of ``count`` x 1 KiB, 4 KiB at least."""
+    path = _write(tmp_path, _steady(300).dump())
+    reads: list[list[tuple[int, int]]] = []
+    real = quick_read.read_parts
+
+    def recorded(where, parts, **kwargs):
+        reads.append(parts)
+        return real(where, parts, **kwargs)
+
+    monkeypatch.setattr(quick_read, "read_parts", recorded)
+    for count, tail in ((1, 4096), (10, 10 * 1024)):
+        reads.clear()
+        found = _window(path, count)
+        assert found is not None and found.entries == count
+        assert reads == [[(0, quick_read.HEAD_BYTES)], [(-tail, tail)]], count
+
+
+def test_entries_larger_than_the_tail_read_are_read_in_full(tmp_path: Path) -> None:
+    raw = _steady(50).dump()
+    for entry in raw["entries"][-3:]:
+        entry["thread_name"] = "t" * 10_000  # no entry starts in the last 4 KiB
+    assert _window(_write(tmp_path, raw), 1) is None
+
+
+def _fakes(tmp_path: Path, fake: str, times: int = 1) -> Path:
+    """The newest entry's thread name holds ``fake`` ``times`` over (with the entry start's bytes in it)."""
+    raw = _steady(50).dump()
+    head = quick_read._walk(pickle.dumps(raw, protocol=2), 2)
+    assert head is not None and head.key_op[1] < 0x80  # one byte in UTF-8 too
+    raw["entries"][-1]["thread_name"] = fake.replace("KEY", head.key_op.decode("latin-1")) * times
+    return _write(tmp_path, raw)
+
+
+@pytest.mark.parametrize("times, read", [(3, True), (4, False)])
+def test_four_starts_are_tried_before_the_window_is_left_to_the_full_reading(tmp_path, times: int, read: bool) -> None:
+    path = _fakes(tmp_path, "}(KEY\xff", times)  # each start is cut short by a byte that is no opcode
+    found = _window(path, 1)
+    assert (found is not None) is read
+    if read:
+        _as_expected(path, found)
+
+
+@pytest.mark.parametrize(
+    "fake",
+    [
+        "}(KEYK\x01ueu.",  # a whole pickle: {"entries": [{first key: 1}]}, an entry without the other keys
+        "}(KEYK\x05.",  # stops on an int
+        "}(KEY10eu.",  # {"entries": []}
+        "}(KEY10u.",  # the entries list is never closed: STOP on the list
+    ],
+    ids=["an entry without the keys", "an int", "no entries", "a list"],
+)
+def test_a_start_in_a_string_that_unpickles_to_no_entries_is_passed_over(tmp_path: Path, fake: str) -> None:
+    path = _fakes(tmp_path, fake)
+    found = _window(path, 1)
+    assert found is not None and found.entries == 1
+    _as_expected(path, found)
+
+
+def _shared_late(n: int, firsts: list[int]) -> dict[str, Any]:
+    """``n`` entries; from entry ``first`` on (for each of ``firsts``), a key of its own shares one string object, so
+    that it is first written there and referred to after."""
+    raw = _steady(n).dump()
+    for index, first in enumerate(firsts):
+        shared = f"shared_{index}".encode().decode()
+        for entry in raw["entries"][first:]:
+            entry[f"late_{index}"] = shared
+    return raw
+
+
+def test_a_string_first_written_after_the_heads_entries_reads_the_head_on(tmp_path: Path) -> None:
+    path = _write(tmp_path, _shared_late(60, [40]))
+    found = _window(path, 10)
+    assert found is not None and found.entries == 10
+    _as_expected(path, found)
+
+
+def test_more_strings_first_written_late_than_the_head_is_read_on_for_are_left_to_the_full_reading(tmp_path) -> None:
+    """The first try finds the first slot missing, and each try after reads the head on to it: three strings first
+    written late are read in four tries, a fourth is one too many."""
+    assert quick_read.HEAD_TRIES == 4
+    found = _window(_write(tmp_path, _shared_late(60, [40, 42, 44])), 10)
+    assert found is not None and found.entries == 10
+    assert _window(_write(tmp_path, _shared_late(60, [40, 42, 44, 46])), 10) is None
+
+
+def test_window_entries_without_a_creation_time(tmp_path: Path) -> None:
+    raw = _steady(50).dump()
+    for entry in raw["entries"][-10:]:
+        entry["time_created_ns"] = None
+    found = _window(_write(tmp_path, raw), 10)
+    assert found is not None and found.dump.window_oldest_ns == 0
+    assert all(r.oldest_ns is None and r.wrapped for r in found.dump.recorders.values())
+    raw["entries"][-1]["time_created_ns"] = 7
+    found = _window(_write(tmp_path, raw), 10)
+    assert found is not None and found.dump.window_oldest_ns == 7
