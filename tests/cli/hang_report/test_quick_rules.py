@@ -125,6 +125,23 @@ def test_after_the_last_round_a_rank_still_out_of_reach_gives_no_line(tmp_path: 
     assert _quick(_world(tmp_path / "past", after=WINDOW * GROWTH**2)) is None
 
 
+def test_the_last_round_reads_nothing_further(tmp_path: Path, monkeypatch) -> None:
+    """Three rounds are three reads at most (32, 256, 2,048 entries), even where the last leaves a rank out of reach.
+    The readers are forked processes: each read is logged to a file."""
+    log = tmp_path / "reads.txt"
+
+    def logged(path, rank, count, *rest):
+        with log.open("a") as out:
+            out.write(f"{rank} {count}\n")
+        return read_window(path, rank, count, *rest)
+
+    monkeypatch.setattr("nemo_rl_shim.cli.hang_report.quick.read_window", logged)
+    assert _quick(_world(tmp_path / "past", after=WINDOW * GROWTH**2)) is None
+    reads = sorted(tuple(map(int, line.split())) for line in log.read_text().splitlines())
+    # rank 0 (41 entries) is read whole by its second read; rank 1 three times
+    assert reads == [(0, WINDOW), (0, WINDOW * GROWTH), *((1, WINDOW * GROWTH**r) for r in range(ROUNDS))]
+
+
 # --- which ranks it reads further -----------------------------------------------------------------------------------
 
 
@@ -189,10 +206,11 @@ def test_the_quick_line_as_json_says_whether_the_full_reading_agreed(tmp_path: P
 
 
 def test_a_rank_that_cannot_be_read_further_leaves_the_line_to_the_full_reading(tmp_path: Path, monkeypatch) -> None:
-    """Its second window unreadable (the file replaced between the reads, say): no quick line, no crash."""
+    """Rank 1's second window unreadable (its file replaced between the reads, say), rank 0's read: no quick line,
+    no crash."""
 
     def first_window_only(path, rank, count, *rest):
-        return None if count > WINDOW else read_window(path, rank, count, *rest)
+        return None if count > WINDOW and rank == 1 else read_window(path, rank, count, *rest)  # rank 0's reads
 
     monkeypatch.setattr("nemo_rl_shim.cli.hang_report.quick.read_window", first_window_only)
     directory = _world(tmp_path, after=WINDOW)
