@@ -110,6 +110,16 @@ def test_a_window_reads_as_the_full_reading_of_its_entries(tmp_path_factory, ops
     _check(tmp_path_factory.mktemp("w"), _rank(ops, descs, frames), count, protocol)
 
 
+#: Top-level keys before the entries that look like them to a careless walk: a list, a nested "entries" list, the
+#: text "entries" as a value, a nested dict at the entries' depth.
+DECOYS: dict[str, Any] = {
+    "a_list": [{"x": 1, "y": 2}, {"x": 3, "y": 4}, {"x": 5, "y": 6}],  # dicts of two keys or more: MARK, SETITEMS
+    "b_nested": {"entries": [{"x": 1}, {"y": 2}, {"z": 3}], "more": [[1, 2], (3, 4)]},
+    "c_text": "entries",
+    "d_dicts": [[{"x": 1}, {"x": 2}], ({"y": 1},)],
+}
+
+
 def _memo(data: bytes, head: quick_read._Head) -> dict:
     """The memo the head's bytes fill, unpickled as the reader unpickles them."""
     return quick_read._unpickle(data[: head.cut] + b"eu.")[1].memo.copy()
@@ -121,20 +131,27 @@ def _memo(data: bytes, head: quick_read._Head) -> dict:
     descs=st.lists(st.sampled_from(DESCS), min_size=1, max_size=4),
     protocol=st.sampled_from([2, 3]),
     frames=st.booleans(),
-    wanted=st.integers(2, 5),
+    wanted=st.integers(1, 5),
     slot=st.integers(-1, 400),
+    decoys=st.lists(st.sampled_from(sorted(DECOYS)), unique=True, max_size=4),
+    after=st.lists(st.sampled_from(sorted(DECOYS)), unique=True, max_size=4),
+    nested=st.booleans(),
 )
 def test_the_walk_ends_where_the_wanted_entry_ends_or_the_slot_named_is_filled(
-    ops, descs, protocol, frames, wanted, slot
+    ops, descs, protocol, frames, wanted, slot, decoys, after, nested
 ) -> None:
     """The opcode walk (the head's fallback) against the file's own entries: it ends at the end of the ``wanted``-th
-    entry, or of the first entry after memo slot ``slot`` is filled, and the byte-pattern guess, where it finds a
-    head in a dump without hostile names, finds the same."""
-    raw = _rank(ops, descs, frames).dump()
+    entry, or of the first entry after memo slot ``slot`` is filled; the entries are the top-level key's, whatever
+    comes before them (:data:`DECOYS`); and the byte-pattern guess, where it finds a head in a dump without hostile
+    names, finds the same."""
+    raw = {**{key: DECOYS[key] for key in decoys}, **_rank(ops, descs, frames).dump()}
+    raw.update({f"z_{key}": DECOYS[key] for key in after})  # after the entries: a walk never reaches them
+    if nested:  # a dict of its own in each entry, before its end
+        raw["entries"] = [{**e, "extra": {"at": i, "more": {"x": i}}} for i, e in enumerate(raw["entries"])]
     data = pickle.dumps(raw, protocol=protocol)
     entries = raw["entries"]
     head = quick_read._walk(data, wanted, slot)
-    if len(entries) < wanted:
+    if len(entries) < max(wanted, 2):  # the second entry's first key tells how an entry starts
         assert head is None
         return
     if head is None:  # the slot is filled by no entry: past the entries, nothing to end at
@@ -147,12 +164,33 @@ def test_the_walk_ends_where_the_wanted_entry_ends_or_the_slot_named_is_filled(
     assert head.key_op[0] in (0x68, 0x6A)  # BINGET, LONG_BINGET: the memo slot of an entry's first key
     assert memo[int.from_bytes(head.key_op[1:], "little")] == next(iter(entries[1]))
     assert slot < 0 or slot in memo
-    if head.entries > wanted:  # it went on for the slot: the entry before it had not filled it
+    if head.entries > max(wanted, 2):  # it went on for the slot: the entry before it had not filled it
         before = quick_read._walk(data, head.entries - 1)
         assert before is not None and slot not in _memo(data, before)
     guess = quick_read._found(data, wanted)
-    if guess is not None and not set(descs) - {"default_pg", "mesh_tp", "x" * 300, "é ü 中"}:
+    if (
+        guess is not None
+        and wanted >= 2
+        and not decoys
+        and not set(descs) - {"default_pg", "mesh_tp", "x" * 300, "é ü 中"}
+    ):
         assert guess == quick_read._walk(data, wanted)
+
+
+def test_the_walk_ends_with_the_entries_whatever_follows_them() -> None:
+    raw = {**_steady(2).dump(), "z_after": DECOYS["a_list"]}
+    data = pickle.dumps(raw, protocol=2)
+    assert quick_read._walk(data, 2) is not None
+    assert quick_read._walk(data, 3) is None
+
+
+def test_the_walk_ends_at_the_entry_that_fills_the_slot_named() -> None:
+    data = pickle.dumps(_steady(30).dump(), protocol=2)
+    for k in (3, 7, 20):
+        filled = max(_memo(data, quick_read._walk(data, k)))  # type: ignore[arg-type]
+        assert filled not in _memo(data, quick_read._walk(data, k - 1))  # type: ignore[arg-type]
+        head = quick_read._walk(data, 2, filled)
+        assert head is not None and head.entries == k
 
 
 def _steady(n: int, descs: list[str] | None = None, late: int | None = None) -> Rank:
