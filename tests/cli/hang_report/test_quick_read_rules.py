@@ -420,16 +420,34 @@ def _first_key_at(chars: int) -> int:
     return entry.end()
 
 
-@pytest.mark.parametrize("past", [0, 1, 3])
-def test_a_first_read_that_ends_at_or_inside_the_first_key_reads_more(tmp_path: Path, past: int) -> None:
-    """The first read of the head ends where the first entry's first key starts (or inside it): nothing to find there
-    yet; the next, larger read finds it."""
-    chars = 100 + quick_read.HEAD_BYTES + past - _first_key_at(100)
-    assert _first_key_at(chars) == quick_read.HEAD_BYTES + past
+@pytest.mark.parametrize("shift", [-16, -15, -3, -1, 0, 2])
+def test_a_first_read_that_ends_at_or_inside_the_first_key_reads_more(tmp_path: Path, shift: int) -> None:
+    """The first read of the head ends inside the first entry's first key (its text, its length, its memo slot: the
+    key starts ``-shift`` bytes before the end), or where it starts, or before it: nothing to find there yet; the
+    next, larger read finds it."""
+    chars = 100 + quick_read.HEAD_BYTES + shift - _first_key_at(100)
+    assert _first_key_at(chars) == quick_read.HEAD_BYTES + shift
     path = _write(tmp_path, _padded(chars))
     found = _window(path, 10)
     assert found is not None and found.entries == 10
     _as_expected(path, found)
+
+
+def _padded_slots(strings: int) -> bytes:
+    """A dump with ``strings`` texts of a top-level key before the entries: each fills a memo slot."""
+    raw = {"pad": [f"p{i}" for i in range(strings)], **_steady(5).dump()}
+    return pickle.dumps(raw, protocol=2)
+
+
+def test_a_first_key_in_slot_255_or_256_is_found_by_the_reference_that_fits() -> None:
+    """A one-byte memo reference holds slots 0 to 255; slot 256 takes the four-byte one."""
+    base = quick_read._walk(_padded_slots(0), 2)
+    assert base is not None
+    for slot, opcode in ((255, 0x68), (256, 0x6A)):
+        data = _padded_slots(slot - base.key_op[1])
+        guess = quick_read._found(data, 2)
+        assert guess is not None and guess.key_op[0] == opcode and guess == quick_read._walk(data, 2), slot
+        assert int.from_bytes(guess.key_op[1:], "little") == slot
 
 
 def test_a_window_reads_the_head_once_and_count_kib_of_the_tail(tmp_path: Path, monkeypatch) -> None:
