@@ -1,18 +1,33 @@
-"""A circular wait: ranks that each wait in a collective of one group on a rank that waits in another group.
+"""A circular wait: ranks that each wait on a rank that waits, directly or not, on them.
 
 Each stall and point-to-point finding (:mod:`.analysis`) is a wait: its waiting ranks wait on the ranks it names
 (the ranks that did not enter, or did not post their side). A waiting rank counts only where it is still blocked in
 that op: the op is its newest entry, or its recorder marks completion and the op has not completed. The waits make a
-graph of ranks; a strongly connected part of it with two ranks or more (Tarjan's algorithm) is a cycle: every rank
-in it waits, directly or not, on itself, and no rank is the culprit. :func:`find_cycle` returns the cycle as the
-chain of waits that closes it, from the wait of its lowest rank, each step a group:
+graph of ranks; a strongly connected part of it with two ranks or more (Tarjan's algorithm) holds a circle: every
+rank in it waits, directly or not, on itself, and no rank is the culprit.
+
+**Which circle.** The parts are taken in the order of their lowest rank; in a part, the circle is the shortest chain
+of waits that starts at a wait of the part's lowest rank and closes on it (each step's ranks waited on are among the
+next step's waiting ranks), the waits tried in one order (their lowest waiting rank, group, number, op, ranks):
+the same circle, whatever the order of the findings. :func:`find_cycle` returns the first such circle:
 
     ranks 0-1 wait in all_reduce #1 on g1 for ranks 2-3, which wait in all_reduce #1 on g2 for ranks 4-5, which ...
+
+**What a circle needs.** Collectives alone close a circle only across two groups or more (a group's stall has its
+waiting ranks at its newest collective and the ranks they wait on behind it: they cannot wait on each other there).
+Point-to-point ops can in one group: rank 0 receives from rank 1 while rank 1 receives from rank 0, and neither
+sends. Each ``send`` or ``recv`` waits for the peer's matching op, and ops not posted together may block each other
+(NCCL's user guide, "Point-to-point communication": calls that must progress concurrently are merged in one group,
+which is what torch's ``batch_isend_irecv`` does). What torch records of it: each rank's unfinished ``recv`` and no
+``send`` toward the other, so the analysis names each rank as the one the other waits on (two "p2p" findings). A
+send and its receive that both sides posted, neither finished, is no circle: both sides did their part (the
+analysis's "not finished" pair: the transport).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +37,8 @@ from nemo_rl_shim.one_line.rank_ranges import format_ranks
 
 __all__ = ["Cycle", "Wait", "find_cycle", "waits"]
 
+_OPPOSITE = {"send": "recv", "recv": "send"}
+
 
 @dataclass(frozen=True)
 class Wait:
@@ -29,9 +46,10 @@ class Wait:
 
     waiting: tuple[int, ...]
     group: GroupState
-    op: str
+    op: str  # the op the waiting ranks are in (a point-to-point wait: the first waiting rank's send or recv)
     seq: int
     on: tuple[int, ...]
+    p2p: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -41,12 +59,13 @@ class Wait:
             "op": self.op,
             "seq": self.seq,
             "on": list(self.on),
+            "p2p": self.p2p,
         }
 
 
 @dataclass(frozen=True)
 class Cycle:
-    """The chain of waits that closes on itself, from the wait of its lowest rank."""
+    """The chain of waits that closes on itself, from a wait of its lowest rank (see the module docstring)."""
 
     steps: tuple[Wait, ...]
 
@@ -90,13 +109,15 @@ def waits(findings: Iterable[Finding], dumps: Mapping[int, RankDump]) -> list[Wa
     found = []
     for f in findings:
         if f.kind == "stall":
-            waiting = tuple(r for r in f.waiting if _blocked(dumps, r, f.group, f.seq))
+            waiting, op = tuple(r for r in f.waiting if _blocked(dumps, r, f.group, f.seq)), f.op
         elif f.kind == "p2p":
-            waiting = tuple(f.waiting)  # each waited in an unfinished send or recv toward the rank named
+            # each waited in an unfinished send or recv toward the rank named, which did not post the other side
+            # (the finding's op): the first waiting rank's op is the other side's opposite
+            waiting, op = tuple(f.waiting), _OPPOSITE.get(f.op, f.op)
         else:
             continue
         if waiting and f.ranks:
-            found.append(Wait(waiting, f.group, f.op, f.seq, tuple(f.ranks)))
+            found.append(Wait(waiting, f.group, op, f.seq, tuple(f.ranks), p2p=f.kind == "p2p"))
     return found
 
 
@@ -141,35 +162,75 @@ def _strong_parts(edges: Mapping[int, set[int]]) -> list[list[int]]:
     return parts
 
 
-def _chain(part: set[int], inside: list[Wait]) -> tuple[Wait, ...]:
-    """The waits of one strongly connected part, in the order they close: from the wait of its lowest rank."""
-    first = min(inside, key=lambda w: min(r for r in w.waiting if r in part))
-    chain = [first]
-    reached = {r for r in first.on if r in part}
-    while True:
-        step = next((w for w in inside if w not in chain and reached & set(w.waiting)), None)
-        if step is None or set(chain[0].waiting) & reached:
-            break
-        chain.append(step)
-        reached = {r for r in step.on if r in part}
-    return tuple(chain)
+def _order(wait: Wait, part: set[int]) -> tuple[Any, ...]:
+    """The order waits are tried in: their lowest waiting rank in the part, then what tells them apart."""
+    low = min(r for r in wait.waiting if r in part)
+    return (low, wait.group.key, wait.seq, wait.op, wait.p2p, wait.waiting, wait.on)
+
+
+def _shortest_back(start: int, after: Callable[[int], list[int]]) -> list[int] | None:
+    """The shortest chain from wait ``start`` back to it (breadth first, each wait's next ones in order)."""
+    parent: dict[int, int] = {start: start}
+    queue = deque([start])
+    while queue:
+        node = queue.popleft()
+        for step in after(node):
+            if step == start:
+                chain = [node]
+                while chain[-1] != start:
+                    chain.append(parent[chain[-1]])
+                return chain[::-1]
+            if step not in parent:
+                parent[step] = node
+                queue.append(step)
+    return None
+
+
+def _closes(chain: Sequence[Wait]) -> bool:
+    """A circle of collectives spans two groups or more; one with a point-to-point wait may lie in one group."""
+    return len({step.group.key for step in chain}) >= 2 or any(step.p2p for step in chain)
+
+
+def _chain(part: set[int], inside: Sequence[Wait]) -> tuple[Wait, ...] | None:
+    """The circle of one strongly connected part: the shortest chain of waits from a wait of its lowest rank back to
+    it, the waits tried in :func:`_order` (the same circle for every order of ``inside``); None where it does not
+    close across two groups (:func:`_closes`)."""
+    ordered = [w for _, w in sorted({_order(w, part): w for w in inside}.items(), key=lambda item: item[0])]
+    waiting_in: dict[int, list[int]] = {}
+    for index, wait in enumerate(ordered):
+        for rank in wait.waiting:
+            if rank in part:
+                waiting_in.setdefault(rank, []).append(index)
+    nexts: dict[int, list[int]] = {}
+
+    def after(index: int) -> list[int]:
+        if index not in nexts:
+            nexts[index] = sorted({j for r in ordered[index].on if r in part for j in waiting_in.get(r, ())})
+        return nexts[index]
+
+    best: list[int] | None = None
+    for start in waiting_in.get(min(part), ()):
+        chain = _shortest_back(start, after)
+        if chain is not None and (best is None or len(chain) < len(best)):
+            best = chain
+    circle = tuple(ordered[i] for i in best) if best else None
+    return circle if circle and _closes(circle) else None
 
 
 def find_cycle(findings: Iterable[Finding], dumps: Mapping[int, RankDump]) -> Cycle | None:
-    """The circular wait among the findings' waits (the one with the lowest rank, where there are several), or None."""
+    """The circular wait among the findings' waits (the circle through the lowest rank, where there are several; see
+    the module docstring), or None."""
     found = waits(findings, dumps)
     edges: dict[int, set[int]] = {}
     for wait in found:
         for rank in wait.waiting:
             edges.setdefault(rank, set()).update(r for r in wait.on if r != rank)
-    for part in _strong_parts(edges):
+    for part in sorted(_strong_parts(edges)):
         if len(part) < 2:
             continue
         members = set(part)
         inside = [w for w in found if members & set(w.waiting) and members & set(w.on)]
         chain = _chain(members, inside)
-        if len({step.group.key for step in chain}) >= 2 and set(chain[0].waiting) & {
-            r for r in chain[-1].on if r in members
-        }:
+        if chain is not None:
             return Cycle(chain)
     return None

@@ -12,8 +12,8 @@ most :data:`MAX_LINE_CHARS` characters. The kinds (``Kind.name``; ``variant`` sa
 * ``mismatch`` (``op`` or ``sizes``) and ``skipped_collective`` (one side called the op from another place: it
   skipped a collective, or made an extra one);
 * ``p2p_stall``: a rank did not post its side of a send or receive;
-* ``circular_wait``: ranks each waiting in a collective of one group on a rank that waits in another
-  (:mod:`.cycles`): the cycle, no rank blamed;
+* ``circular_wait``: ranks each waiting in a collective of one group on a rank that waits in another, or in a
+  send or receive on a rank that waits for them (:mod:`.cycles`): the cycle, no rank blamed;
 * ``all_entered_none_finished``: every member of a group entered a collective (or both sides of a send and its
   receive posted) and none finished: the transport or a device, no rank blamed;
 * ``did_not_finish``: a rank entered and did not finish what its peers finished: its host;
@@ -241,7 +241,11 @@ def _circular(
     cycle: Cycle, finding: Finding, stacks: Mapping[int, RankStack], progress: Mapping[int, Progress]
 ) -> Kind:
     evidence = {**_evidence(finding, stacks, progress), "cycle": cycle.to_json()}
-    text = "fix: call these groups' collectives in one order on every rank"
+    if any(step.p2p for step in cycle.steps):  # each side waits for the other to post first
+        text = "fix: order these ranks' sends and receives so that one side sends first, or post them together with "
+        text += "batch_isend_irecv"
+    else:
+        text = "fix: call these groups' collectives in one order on every rank"
     return Kind("circular_wait", None, tuple(cycle.ranks), cycle.describe(), Suggestion(text), evidence)
 
 
