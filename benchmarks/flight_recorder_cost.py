@@ -13,7 +13,7 @@
    of 64 files gets full buffers of 2,000 entries copied from those real entries, re-labelled
    for a 64-rank mesh (dp 8 x tp 8: the default group, 8 tp groups and 8 dp groups, each
    with its own sequence numbers) with rank 37 one tp collective behind. The time is
-   ``hang_report.build_report`` end to end as the command runs it (read 64 pickles, find the
+   ``hang_report.read_run`` end to end as the command runs it (read 64 pickles, find the
    stall; torch's analyzer not run, as the command runs it), median of 3; torch's analyzer on
    the same dumps is timed once on its own. Target: at most 2 s.
 3. **The stack watch per step.** In the "on" processes (recorder on, a real Gloo group), after the
@@ -226,9 +226,9 @@ def synthesize_dumps(template: dict[str, Any], directory: Path) -> None:
 
 
 def _analysis(template: dict[str, Any]) -> dict[str, Any]:
-    from nemo_rl_shim.cli import hang_report
-    from nemo_rl_shim.cli.hang_report.analysis import analyse
-    from nemo_rl_shim.cli.hang_report.loader import load_dumps
+    from nemo_rl_shim import hang_report
+    from nemo_rl_shim.hang_report.analysis import analyse
+    from nemo_rl_shim.hang_report.loader import load_dumps
 
     with tempfile.TemporaryDirectory(prefix="fr-64-") as tmp:
         directory = Path(tmp)
@@ -237,7 +237,7 @@ def _analysis(template: dict[str, Any]) -> dict[str, Any]:
         total, shim_only, torch_only = [], [], []
         for _ in range(3):
             start = time.perf_counter()
-            report = hang_report.build_report(directory)  # the default: torch's analyzer not run
+            report = hang_report.read_run(directory)  # the default: torch's analyzer not run
             total.append(time.perf_counter() - start)
             start = time.perf_counter()
             analyse(load_dumps(directory))

@@ -95,7 +95,7 @@ def generate_base(directory: Path, world: int) -> dict[str, Any]:
 def _child_first(directory: str) -> None:
     """In a fresh process: the quick first line, as the command finds it (``hang_report.quick_first_line``); JSON
     facts."""
-    from nemo_rl_shim.cli.hang_report import quick_first_line
+    from nemo_rl_shim.hang_report import quick_first_line
 
     found = quick_first_line(directory)
     first_s = time.perf_counter() - _START
@@ -124,8 +124,8 @@ def _child_floor(directory: str) -> None:
     """In a fresh process: ``pickle.load`` of every dump on the command's number of forked readers."""
     import gc
 
-    from nemo_rl_shim.cli.hang_report.folder import find_run
-    from nemo_rl_shim.cli.hang_report.loader import reader_count
+    from nemo_rl_shim.hang_report.folder import find_run
+    from nemo_rl_shim.hang_report.loader import reader_count
 
     paths = [path for _, path in sorted(find_run(Path(directory)).dumps.items())]
     readers = reader_count(len(paths))

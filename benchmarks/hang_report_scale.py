@@ -17,7 +17,7 @@ train`` (the peers' place from their dumps' frames).
 
 Measured, each in a fresh process (``/usr/bin/time``-free: ``resource.getrusage`` of the child):
 
-* ``hang_report.build_report`` end to end as the command runs it (torch's analyzer not run),
+* ``hang_report.read_run`` end to end as the command runs it (torch's analyzer not run),
   wall time (median of :data:`REPEATS` runs up to 1,024 ranks), CPU seconds, and peak memory
   (max RSS of the process and of its largest reader, which shares the pages it was forked with);
 * the text report's longest line (readable at any size); reading the stack files alone;
@@ -27,7 +27,7 @@ Measured, each in a fresh process (``/usr/bin/time``-free: ``resource.getrusage`
   (what a restricted reader costs; torch's dumps hold none). The report and both floors run in turn, each
   in a fresh process, :data:`REPEATS` times; the ratio is of the medians of the wall times, and, less
   sensitive to the shared machine's load, of the CPU seconds (the report's readers and its own work in
-  ``build_report``, against the floor's readers);
+  ``read_run``, against the floor's readers);
 * torch's own analyzer (``build_db``) on the same dumps, in its own process, bounded by
   :data:`TORCH_BOUND_S`.
 
@@ -210,7 +210,7 @@ def _child_floor(directory: str, mode: str) -> None:
     """In a fresh process: the unpickling floor (see the module docstring); prints JSON facts."""
     import gc
 
-    from nemo_rl_shim.cli.hang_report import loader
+    from nemo_rl_shim.hang_report import loader
 
     paths = [path for _, path in sorted(loader.find_dumps(directory)[0].items())]
     readers = loader._readers(len(paths))
@@ -233,19 +233,19 @@ def _child_floor(directory: str, mode: str) -> None:
 
 def _child_report(directory: str) -> None:
     """In a fresh process: the command's own reading and analysis; prints JSON facts."""
-    from nemo_rl_shim.cli import hang_report
-    from nemo_rl_shim.cli.hang_report import loader
+    from nemo_rl_shim import hang_report
+    from nemo_rl_shim.hang_report import loader
 
     loader_readers = loader._readers(len(loader.find_dumps(directory)[0]))
     before = resource.getrusage(resource.RUSAGE_SELF)
     start = time.perf_counter()
-    report = hang_report.build_report(directory, with_torch=False)
+    report = hang_report.read_run(directory, with_torch=False)
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_SELF)
     work_cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
     text = hang_report.render(report)
     json_text = json.dumps(report.to_json(), default=str)
-    from nemo_rl_shim.cli.hang_report.stacks import load_stacks
+    from nemo_rl_shim.hang_report.stacks import load_stacks
 
     start_stacks = time.perf_counter()
     stack_files = len(load_stacks(directory))
@@ -262,7 +262,7 @@ def _child_report(directory: str) -> None:
                 # be on idle cores, divided among them; the wall time here is under other engineers' load
                 "reader_cpu_s": round(readers.ru_utime + readers.ru_stime, 2),
                 "own_cpu_s": round(own.ru_utime + own.ru_stime, 2),
-                "own_report_cpu_s": round(work_cpu, 2),  # this process's CPU in build_report (no imports)
+                "own_report_cpu_s": round(work_cpu, 2),  # this process's CPU in read_run (no imports)
                 "readers": loader_readers,
                 "line": report.line,
                 "exit_code": report.exit_code,
@@ -281,8 +281,8 @@ def _child_torch(directory: str) -> None:
     """In a fresh process: torch's own analyzer, reading the dumps the way its loader does."""
     import argparse as ap
 
-    from nemo_rl_shim.cli.hang_report import torch_analyzer
-    from nemo_rl_shim.cli.hang_report.loader import find_dumps
+    from nemo_rl_shim.hang_report import torch_analyzer
+    from nemo_rl_shim.hang_report.loader import find_dumps
 
     paths, _ = find_dumps(directory)
     start = time.perf_counter()

@@ -4,9 +4,9 @@ On the same files (the layout of ``hang_report_scale.py``: NCCL-format dumps of 
 each), in this process, each file's bytes already in memory:
 
 * ``pickle.load``: the floor (what the command did before #27, and runs code);
-* :func:`~nemo_rl_shim.cli.hang_report.safe_pickle.load_plain`: the C unpickler with ``find_class`` refusing
+* :func:`~nemo_rl_shim.hang_report.safe_pickle.load_plain`: the C unpickler with ``find_class`` refusing
   every name;
-* :func:`~nemo_rl_shim.cli.hang_report.dump_format.summarize`: reading, checking every field it reads, and
+* :func:`~nemo_rl_shim.hang_report.dump_format.summarize`: reading, checking every field it reads, and
   reducing one dump (what each reader process does per file).
 
 Each the median of :data:`REPEATS` passes over every file, in CPU seconds of this process (the machine is shared:
@@ -48,8 +48,8 @@ def _pass(files: dict[Path, bytes], read: Any) -> float:
 
 def measure(directory: Path) -> dict[str, Any]:
     """CPU seconds per pass over every dump in ``directory``, each way of reading it, and its ratio to the floor."""
-    from nemo_rl_shim.cli.hang_report import dump_format
-    from nemo_rl_shim.cli.hang_report.safe_pickle import load_plain
+    from nemo_rl_shim.hang_report import dump_format
+    from nemo_rl_shim.hang_report.safe_pickle import load_plain
 
     paths = sorted(directory.glob("nccl_trace_rank_*"), key=lambda p: int(p.name.rpartition("_")[2]))
     files = {path: path.read_bytes() for path in paths}

@@ -2,7 +2,7 @@
 
 Usage (from the repository root; outside CI: a module's run takes minutes to an hour on two cores)::
 
-    uv run --frozen --no-sync python scripts/mutate.py nemo_rl_shim/cli/hang_report --modules cycles,kinds
+    uv run --frozen --no-sync python scripts/mutate.py nemo_rl_shim/hang_report --modules cycles,kinds
     uv run --frozen --no-sync python scripts/mutate.py nemo_rl_shim/config --sample 20 --seed 1
     uv run --frozen --no-sync python scripts/mutate.py --summary /tmp/mutants/*.json
 
@@ -27,7 +27,7 @@ Each mutant is applied to a temporary copy of the repository (the working tree i
 test files run there with ``pytest -x`` under a time bound: a failure, an error or the time bound kills it; a pass
 is a survivor. A module's test files are those under ``tests/`` that import it by its dotted name (``--tests``
 names others); a file slower than ``--max-file-seconds`` on the unmutated code is left out, and said. Survivors of
-those files can be run again against wider ones (``--then tests/cli/hang_report``).
+those files can be run again against wider ones (``--then tests/hang_report``).
 
 Mutants that change no behaviour are listed in ``--equivalents`` (default: ``scripts/mutate_equivalents.txt``), one
 per line as ``<key>  # <why>``, the key as the run prints it (``<folder>/<file>::<function>::<before> -> <after>``:

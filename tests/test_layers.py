@@ -113,9 +113,11 @@ ROOM_FLOORS: tuple[frozenset[str], ...] = tuple(
     for floor in (
         "_lazy config",  # the lazy exports' helper; the knob and its checks (standard library only)
         "one_line",  # an exception's first line, a list of ranks (the integer check from config)
+        "untrusted",  # reading a file anyone may have written: regular, never blocking, bounded
         "process_groups",  # every group torch holds; the value later ones get; setting a timeout, read back
         "flight_recorder",  # the recorder, its dumps and their names; the stack watchdog
         "timeouts audit",  # the phases and the learned timeouts; every group audited
+        "hang_report",  # reading and judging a run's dumps: read_run -> HangReport (imports no torch)
         "setup",  # the default group, the decision, the supported pairs, setup_distributed
         ".",  # nemo_rl_shim/__init__.py: the package's names
     )
@@ -141,7 +143,7 @@ def test_the_graph_is_read_from_every_module() -> None:
     assert "nemo_rl_shim.process_groups.registry" in GRAPH["nemo_rl_shim.timeouts.phases"]  # a real edge is seen
     project, _ = READ["nemo_rl_shim.flight_recorder"]
     assert ("nemo_rl_shim.flight_recorder.recorder", TYPE_CHECKING_ONLY) in project  # how it runs is seen
-    assert ("torch", IN_FUNCTION) in READ["nemo_rl_shim.cli.hang_report.torch_analyzer"][1]
+    assert ("torch", IN_FUNCTION) in READ["nemo_rl_shim.hang_report.torch_analyzer"][1]
     assert ("torch", MODULE_LEVEL) in READ["nemo_rl_shim.process_groups.registry"][1]
 
 
@@ -214,11 +216,15 @@ def test_config_knows_nothing_of_torch_distributed() -> None:
 
 
 #: Only ``--torch-analyzer`` runs it (inside its functions, it imports torch).
-TORCH_ANALYZER = "nemo_rl_shim.cli.hang_report.torch_analyzer"
+TORCH_ANALYZER = "nemo_rl_shim.hang_report.torch_analyzer"
 #: The command's dispatcher: its functions import each subcommand (preflight and status import torch), so only what
 #: it imports at module level runs for every subcommand.
 DISPATCHER = "nemo_rl_shim.cli.main"
-HANG_REPORT = sorted(m for m in MODULES if m.startswith("nemo_rl_shim.cli.hang_report") and m != TORCH_ANALYZER)
+#: The library room and the command over it.
+HANG_REPORT = [
+    *sorted(m for m in MODULES if m.startswith("nemo_rl_shim.hang_report") and m != TORCH_ANALYZER),
+    "nemo_rl_shim.cli.hang_report",
+]
 
 
 def test_the_hang_reports_modules_import_no_torch_even_transitively() -> None:
@@ -281,7 +287,7 @@ def test_the_hang_report_command_imports_no_torch(tmp_path) -> None:
     directory = build("sub_group_stall", tmp_path / "stall")
     code, out, imported = _command_imports("hang-report", str(directory))
     assert code == EXPECTED["sub_group_stall"][0] and out.startswith(EXPECTED["sub_group_stall"][1]), out
-    assert "nemo_rl_shim.cli.hang_report.loader" in imported, sorted(imported)  # the report ran, and was seen
+    assert "nemo_rl_shim.hang_report.loader" in imported, sorted(imported)  # the report ran, and was seen
     assert {m for m in imported if m.split(".")[0] in ("torch", "automodel_patch", "nemo_automodel")} == set()
     code, out, imported = _command_imports("hang-report", "--json", str(tmp_path / "missing"))
     assert code == 2 and "torch" not in imported, out

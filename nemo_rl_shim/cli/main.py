@@ -1,7 +1,7 @@
 """The ``nemo-rl-shim`` command: ``status``, ``preflight`` and ``hang-report``.
 
 Argument parsing and printing only; the work is in :mod:`nemo_rl_shim.cli.status`,
-:mod:`nemo_rl_shim.cli.preflight` and :mod:`nemo_rl_shim.cli.hang_report`. Exit codes: 0 all good,
+:mod:`nemo_rl_shim.cli.preflight` and :mod:`nemo_rl_shim.hang_report`. Exit codes: 0 all good,
 1 a check failed (for ``status``: this torch and nemo-automodel cannot run together; for
 ``hang-report``: a stall, a mismatch or a missing dump), 2 bad arguments or config, or dumps that
 cannot be read (one line on stderr).

@@ -26,7 +26,7 @@ block, ``flight_recorder.stack_watch`` without the dump.
   first sample alone. Its CPU time and I/O counters come from a helper process
   (:mod:`.progress_sampler`, started when the file is first opened), which reads ``/proc`` and needs no GIL of
   this one; the header says how many samples and how far apart, and the native id of the thread that armed.
-  Whether the rank was working is the reader's to judge (``nemo_rl_shim.cli.hang_report.progress``).
+  Whether the rank was working is the reader's to judge (``nemo_rl_shim.hang_report.progress``).
 * **fork.** A child forked while the watchdog is armed must not touch faulthandler's watchdog again
   (CPython's cancel then waits for a thread the child does not have, forever): :func:`arm` does
   nothing in such a child. A child forked while nothing was armed arms as usual (with its own sampler thread

@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from nemo_rl_shim.cli import hang_report
+from nemo_rl_shim import hang_report
 from nemo_rl_shim.cli.main import main
 from nemo_rl_shim.cli.preflight.spawn import RankResult, spawn_ranks
 from nemo_rl_shim.flight_recorder import DUMP_FILE_NAME, SIDECAR_NAME
@@ -167,7 +167,7 @@ def test_dumps_are_torchs_format_plus_rank_and_group_map(sub_groups) -> None:
 
 
 def test_stall_on_a_sub_group_names_rank_op_axis_and_wait(sub_groups) -> None:
-    report = hang_report.build_report(sub_groups["dir"])
+    report = hang_report.read_run(sub_groups["dir"])
     stall = _finding(report, "stall")
     assert stall.ranks == [3] and stall.waiting == [2]
     assert stall.group.axes[0] == "tp" and stall.group.ranks == (2, 3)
@@ -178,7 +178,7 @@ def test_stall_on_a_sub_group_names_rank_op_axis_and_wait(sub_groups) -> None:
 
 
 def test_mismatched_sizes_are_named_first(sub_groups) -> None:
-    report = hang_report.build_report(sub_groups["dir"])
+    report = hang_report.read_run(sub_groups["dir"])
     mismatch = _finding(report, "mismatch")
     assert mismatch.op == "broadcast" and mismatch.group.ranks == (0, 1)
     assert mismatch.detail == "input sizes rank 0: [[4]]; rank 1: [[8]]"
@@ -191,7 +191,7 @@ def test_mismatched_sizes_are_named_first(sub_groups) -> None:
 def test_stall_in_the_phase_change_barrier(phase_change) -> None:
     results = _results(phase_change, 2)
     assert results[0]["outcome"] == "raised", results[0]
-    report = hang_report.build_report(phase_change["dir"])
+    report = hang_report.read_run(phase_change["dir"])
     assert report.kind.body.startswith("rank 1 did not enter barrier #"), report.line
     assert report.kind.name == "never_came", report.line
     assert "on default" in report.line and "ranks 0-1, in which rank 0 waited" in report.line
@@ -200,7 +200,7 @@ def test_stall_in_the_phase_change_barrier(phase_change) -> None:
 
 
 def test_a_dead_rank_is_named_by_its_missing_dump(dead_rank) -> None:
-    report = hang_report.build_report(dead_rank["dir"])
+    report = hang_report.read_run(dead_rank["dir"])
     assert report.missing == [1]
     assert report.line.startswith("never came (dead: no dump): no dump from rank 1: rank 0 was last in all_reduce #")
     assert report.exit_code == hang_report.EXIT_FOUND
@@ -224,7 +224,7 @@ def test_gloo_dumps_that_agree_still_do_not_exit_0(phase_change, tmp_path) -> No
     facts = json.loads(sidecar.read_text())
     facts["world_size"], facts["groups"] = 1, dump["nemo_rl_shim"]["groups"]
     sidecar.write_text(json.dumps(facts))
-    report = hang_report.build_report(directory)
+    report = hang_report.read_run(directory)
     assert report.missing == [] and {f.kind for f in report.findings} == {"unconfirmed"}, hang_report.render(report)
     assert report.exit_code == hang_report.EXIT_FOUND
     assert report.line.startswith("cannot tell whether rank 0 finished "), report.line
@@ -244,7 +244,7 @@ def test_command_prints_the_line_first_and_exits_1(sub_groups, capfd) -> None:
     # asked for, the analyzer line says what it did on these very dumps: ran, or why not
     assert main(["hang-report", "--torch-analyzer", str(sub_groups["dir"])]) == 1
     out = capfd.readouterr().out.splitlines()
-    facts = hang_report.build_report(sub_groups["dir"], with_torch=True).torch
+    facts = hang_report.read_run(sub_groups["dir"], with_torch=True).torch
     assert facts["outcome"] in ("ran", "failed", "absent"), facts
     expected = (
         f"torch {facts['torch']} analyzer: ran, matched {facts['collectives']} collectives, flagged "
@@ -269,7 +269,7 @@ def test_missing_dumps_are_named(sub_groups, tmp_path) -> None:
     directory = _copy(sub_groups, tmp_path)
     for rank in (1, 3):
         (directory / f"{DUMP_FILE_NAME}{rank}").unlink()
-    report = hang_report.build_report(directory)
+    report = hang_report.read_run(directory)
     assert report.missing == [1, 3]
     assert "no dump from ranks 1, 3" in hang_report.render(report)
     assert report.exit_code == hang_report.EXIT_FOUND
@@ -306,13 +306,13 @@ def test_torch_analyzer_on_the_dumps_as_written_and_as_gloo_left_them(sub_groups
     group under an empty name); what it did is printed and recorded (``record_property``), per lane."""
     import torch
 
-    written = hang_report.torch_analyzer.run(hang_report.build_report(sub_groups["dir"]).dumps)
+    written = hang_report.torch_analyzer.run(hang_report.read_run(sub_groups["dir"]).dumps)
     directory = _copy(sub_groups, tmp_path)
     for path in directory.glob(f"{DUMP_FILE_NAME}*"):
         dump = pickle.loads(path.read_bytes())
         dump["pg_config"] = dump["nemo_rl_shim"]["torch_pg_config"]
         path.write_bytes(pickle.dumps(dump))
-    raw = hang_report.torch_analyzer.run(hang_report.build_report(directory).dumps)
+    raw = hang_report.torch_analyzer.run(hang_report.read_run(directory).dumps)
     record_property("torch_analyzer", json.dumps({"as_written": written, "gloo_raw": raw}, default=str))
     print(f"\ntorch {torch.__version__} analyzer: as written {written}\n  on Gloo's own pg_config {raw}")
     try:
@@ -344,7 +344,7 @@ def test_a_torch_written_nccl_dump_of_one_rank_reads_as_not_finished(phase_chang
     (directory / f"{DUMP_FILE_NAME}0").write_bytes(pickle.dumps({**torch_dump, "entries": entries}))
     sidecar = {"rank": 0, "world_size": 1, "groups": groups}
     (directory / SIDECAR_NAME.format(rank=0)).write_text(json.dumps(sidecar))
-    report = hang_report.build_report(directory)
+    report = hang_report.read_run(directory)
     assert report.dumps[0].writer == "torch"
     seq = entries[-1]["collective_seq_id"]
     expected = f"rank 0 did not finish all_reduce #{seq} on default, ranks 0: every member entered it, none finished"

@@ -22,12 +22,12 @@ from types import SimpleNamespace
 import pytest
 import torch.distributed as dist
 
-from nemo_rl_shim.cli.hang_report.stacks import read_stack
 from nemo_rl_shim.config import FlightRecorderSettings
 from nemo_rl_shim.flight_recorder import recorder as flight_recorder
 from nemo_rl_shim.flight_recorder import stack_watchdog
 from nemo_rl_shim.flight_recorder.names import HEADER
 from nemo_rl_shim.flight_recorder.stack_watchdog import arm, armed_blocks, disarm, forget, stack_path
+from nemo_rl_shim.hang_report.stacks import read_stack
 
 SHORT_S = 0.2
 #: How long the GIL is held past a 0.2 s deadline: the watchdog's C thread must get a core in that time, which

@@ -1,6 +1,6 @@
 """Typed records built by hand for the hang report's rule tests: an entry, a rank's dump, a group, a finding.
 
-The rule tests (``tests/cli/hang_report/test_*_rules.py``) call one module's functions with inputs built for the
+The rule tests (``tests/hang_report/test_*_rules.py``) call one module's functions with inputs built for the
 rule they pin, not with dumps written and read back: each builder fills only what the rule reads, with defaults that
 say "an NCCL recorder that marks completion, an op still in flight".
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from nemo_rl_shim.cli.hang_report.analysis import Finding, GroupState
-from nemo_rl_shim.cli.hang_report.records import Entry, RankDump, Recorder
+from nemo_rl_shim.hang_report.analysis import Finding, GroupState
+from nemo_rl_shim.hang_report.records import Entry, RankDump, Recorder
 
 __all__ = ["GLOO", "NCCL", "dump", "entry", "group", "p2p", "stall"]
 

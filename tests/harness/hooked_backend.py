@@ -9,7 +9,7 @@ underneath (Gloo's own recorder sees its inner group as unnamed, ``''``). What d
 it has no completion or abort hooks (every entry stays ``scheduled``; nothing dumps on an abort), which
 :func:`rank` reports as facts rather than assumes.
 
-:func:`rank` is a rank of ``tests/cli/hang_report/test_hang_report_nccl2.py``: the shim's
+:func:`rank` is a rank of ``tests/hang_report/test_hang_report_nccl2.py``: the shim's
 :func:`~nemo_rl_shim.flight_recorder.
 configure` first, then a Gloo default group and a :data:`NAME` sub-group over both ranks; three all-reduces on
 it, and a fourth that rank 1 never enters. Both ranks then :func:`~nemo_rl_shim.flight_recorder.dump_now`.

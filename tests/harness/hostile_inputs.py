@@ -6,10 +6,10 @@ changed the way an attacker or a broken writer would) and says what the command 
 words of its one line (stderr for exit 2, the first line of stdout otherwise). :func:`run_capped` runs the command
 in a fresh interpreter under ``RLIMIT_AS`` = :data:`ADDRESS_SPACE_CAP`, through a small parent that reports the
 command's wall time, and the CPU time and peak resident memory of the command and its reader processes
-(``RUSAGE_CHILDREN``). ``tests/cli/hang_report/test_hang_report_hostile.py`` asserts each within :data:`SECONDS` of
+(``RUSAGE_CHILDREN``). ``tests/hang_report/test_hang_report_hostile.py`` asserts each within :data:`SECONDS` of
 CPU time (wall time is the machine's: two suites on 2 cores took 60 s of wall for a case of 4 s) and
 :data:`PEAK_MB`; ``benchmarks/hang_report_hostile.py``, run alone, prints the table in wall time. The cases that
-need real Gloo ranks' dumps are in ``tests/cli/hang_report/test_hang_report_torch_gloo.py``, through the same
+need real Gloo ranks' dumps are in ``tests/hang_report/test_hang_report_torch_gloo.py``, through the same
 :func:`run_capped`.
 """
 

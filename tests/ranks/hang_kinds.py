@@ -1,4 +1,4 @@
-"""Rank functions for tests/cli/hang_report/test_hang_kinds.py: five kinds of hang on 4 real Gloo ranks, recorder on.
+"""Rank functions for tests/hang_report/test_hang_kinds.py: five kinds of hang on 4 real Gloo ranks, recorder on.
 
 Every rank goes through the real ``setup_distributed`` with ``automodel_cfg.flight_recorder`` on (start-up
 timeout 0.2 min; 0.05 min, 3 s, once ``after_first_step`` has run after the first step), then runs

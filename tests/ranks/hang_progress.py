@@ -1,4 +1,4 @@
-"""Rank functions for tests/cli/hang_report/test_hang_kinds_progress.py: a slow rank still working, the same rank
+"""Rank functions for tests/hang_report/test_hang_kinds_progress.py: a slow rank still working, the same rank
 asleep, and a circular wait across three groups, on real Gloo ranks with the recorder on.
 
 Every rank goes through the real ``setup_distributed`` with ``automodel_cfg.flight_recorder`` on (start-up

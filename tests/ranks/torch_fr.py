@@ -1,4 +1,4 @@
-"""Rank functions for tests/cli/hang_report/test_hang_report_torch_gloo.py: torch's own recorder, Gloo ranks, no shim.
+"""Rank functions for tests/hang_report/test_hang_report_torch_gloo.py: torch's own recorder, Gloo ranks, no shim.
 
 A user who switches the recorder on by hand (``TORCH_FR_BUFFER_SIZE``, ``TORCH_FR_DUMP_TEMP_FILE``)
 and calls ``init_process_group`` and ``new_group`` directly, without ``setup_distributed``: each rank

@@ -147,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     import torch
 
-    from nemo_rl_shim.cli import hang_report
+    from nemo_rl_shim import hang_report
+    from nemo_rl_shim.cli import hang_report as hang_report_command
     from nemo_rl_shim.cli.preflight.spawn import spawn_ranks
     from nemo_rl_shim.flight_recorder import TORCH_DEFAULT_PREFIX
 
@@ -174,9 +175,9 @@ def main(argv: list[str] | None = None) -> int:
             tail = " | ".join(line for line in r.output.splitlines()[-6:] if line.strip())[-600:]
             print(f"rank {r.rank}: exit {r.returncode}, result {r.result}, error {(r.error or '')[-300:]!r}; {tail}")
         print(f"ranks ended after {wall:.1f} s; files: {sorted(p.name for p in Path(tmp).iterdir())}")
-        code, text = hang_report.main(tmp)
+        code, text = hang_report_command.main(tmp)
         print(text)
-        report = hang_report.build_report(tmp) if code != hang_report.EXIT_UNREADABLE else None
+        report = hang_report.read_run(tmp) if code != hang_report.EXIT_UNREADABLE else None
     if report is None:
         return 1
     writers = {d.rank: d.writer for d in report.dumps.values()}

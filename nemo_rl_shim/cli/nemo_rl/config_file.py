@@ -6,7 +6,7 @@ node without copying it: a 540-byte file of nine anchors, each a list of ten ali
 open forever; ``/dev/urandom`` never ends, or fails to decode with a message that names no file. :func:`load_yaml`
 is OmegaConf's ``load`` with those closed:
 
-* the file is read by :func:`~nemo_rl_shim.cli.untrusted_file.read_untrusted`: a regular file (a symlink is
+* the file is read by :func:`~nemo_rl_shim.untrusted.files.read_untrusted`: a regular file (a symlink is
   followed; what it points to must be one), at most :data:`CONFIG_CAP` bytes;
 * it is decoded as UTF-8, and a decoding error names the file and the byte;
 * it is composed (PyYAML's node graph, with OmegaConf's own loader), counting the nodes written in it as they are
@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nemo_rl_shim.cli.untrusted_file import UntrustedFileError, read_untrusted
 from nemo_rl_shim.one_line.exception import first_line
 from nemo_rl_shim.one_line.printable import shown_path
+from nemo_rl_shim.untrusted.files import UntrustedFileError, read_untrusted
 
 __all__ = [
     "CONFIG_CAP",

@@ -117,7 +117,7 @@ def _with_hang_report(report: PreflightReport, options: PreflightOptions) -> Pre
     recorder = options.flight_recorder
     if recorder is None or report.checks_passed or options.dry_run:  # a run that found nothing has no hang
         return report
-    from nemo_rl_shim.cli.hang_report import preflight_summary
+    from nemo_rl_shim.hang_report import preflight_summary
 
     hosts = sorted({r.node.node_ip for r in report.ranks if r.node is not None})
     report.facts["hang_report"] = preflight_summary(recorder.dump_dir, report.world_size, hosts)

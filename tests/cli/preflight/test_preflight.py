@@ -173,7 +173,7 @@ def test_default_run_reports_progress_on_stderr(runs):
 
 
 # A stalled rank ending the spawned run at --timeout-s with one line:
-# tests/cli/hang_report/test_hang_report_preflight.py, whose
+# tests/hang_report/test_hang_report_preflight.py, whose
 # spawned run (--stall-rank 1, Flight Recorder on) checks that line and the hang report's line in one spawn.
 
 

@@ -27,7 +27,6 @@ from typing import Any
 import pytest
 
 from nemo_rl_shim.cli import main
-from nemo_rl_shim.cli.hang_report.folder import find_run
 from nemo_rl_shim.cli.main import PREFLIGHT_EXIT_CODES, TRACEBACK_ENV, build_parser
 from nemo_rl_shim.cli.preflight import build_options
 from nemo_rl_shim.cli.preflight.nemo_rl_setup import nemo_rl_missing
@@ -35,6 +34,7 @@ from nemo_rl_shim.cli.preflight.options import RAY_EXTRA_MISSING
 from nemo_rl_shim.cli.preflight.run import _within
 from nemo_rl_shim.cli.preflight.stuck import past_deadline
 from nemo_rl_shim.flight_recorder.stack_watchdog import _rank_of as stack_rank_of
+from nemo_rl_shim.hang_report.folder import find_run
 from tests.harness.hostile_inputs import interpolation_bomb
 from tests.harness.paths import REPO_ROOT
 
