@@ -133,3 +133,24 @@ def test_the_prefixes_come_from_this_processs_environment_by_default(tmp_path: P
     assert dump_prefixes() == ["job_", "fr_trace_rank_"]
     run = find_run(_files(tmp_path, "job_0", "nccl_trace_rank_0"))
     assert run.prefix == "job_"
+
+
+def test_a_run_s_group_maps_and_stack_files_are_no_strays_even_under_a_short_prefix(tmp_path: Path) -> None:
+    """Under a prefix as short as ``fr_``, the shim's group maps and stack files start with it too: they are the
+    run's files, not strays; a file whose rest is not a rank is one."""
+    names = ("fr_0", "fr_1", "fr_groups_rank_0.json", "fr_stack_rank_1.txt", "fr_7.txt")
+    run = find_run(_files(tmp_path, *names), NO_ENV)
+    assert run.prefix == "fr_" and sorted(run.dumps) == [0, 1]
+    assert [p.name for p in run.strays] == ["fr_7.txt"]
+    assert (sorted(run.sidecars), sorted(run.stacks)) == ([0], [1])
+
+
+def test_a_folder_named_like_a_rank_s_dump_is_refused_and_no_other_folder_is(tmp_path: Path) -> None:
+    for name in ("nccl_trace_rank_x", "mccl_trace_rank_5", "nccl_trace_rank_05", "nccl_trace_rank_"):
+        root = _files(tmp_path / name, "nccl_trace_rank_0", "nccl_trace_rank_1")
+        (root / name).mkdir(exist_ok=True)
+        assert sorted(find_run(root, NO_ENV).dumps) == [0, 1], name  # not a rank's name under the run's prefix
+    root = _files(tmp_path / "bad", "nccl_trace_rank_0", "nccl_trace_rank_1")
+    (root / "nccl_trace_rank_2").mkdir()
+    with pytest.raises(DumpError, match=r"nccl_trace_rank_2 is a directory, not a regular file.*like rank 2's dump"):
+        find_run(root, NO_ENV)
