@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from nemo_rl_shim.hang_report.folder import RANK_DIGITS, dump_prefixes, find_run, stack_files, walk
+from nemo_rl_shim.hang_report.folder import RANK_DIGITS, dump_prefixes, find_run, is_rank_text, stack_files, walk
 from nemo_rl_shim.hang_report.records import DumpError
 
 pytestmark = [pytest.mark.every_lane]
@@ -154,3 +154,15 @@ def test_a_folder_named_like_a_rank_s_dump_is_refused_and_no_other_folder_is(tmp
     (root / "nccl_trace_rank_2").mkdir()
     with pytest.raises(DumpError, match=r"nccl_trace_rank_2 is a directory, not a regular file.*like rank 2's dump"):
         find_run(root, NO_ENV)
+
+
+def test_a_rank_s_name_is_ascii_digits_without_a_leading_zero() -> None:
+    assert [is_rank_text(t) for t in ("0", "7", "10", "9" * RANK_DIGITS)] == [True] * 4
+    refused = ("", "٣", "1٣", "²", "1a", "a1", "01", "00", " 1", "-1", "9" * (RANK_DIGITS + 1))
+    assert [t for t in refused if is_rank_text(t)] == []
+
+
+def test_a_non_ascii_rank_beside_real_dumps_is_a_stray_not_a_refusal(tmp_path: Path) -> None:
+    """Only a folder whose every rank-like name is not ASCII is refused; beside real dumps such a file is a stray."""
+    run = find_run(_files(tmp_path, "nccl_trace_rank_0", "nccl_trace_rank_1", "nccl_trace_rank_٣"), NO_ENV)
+    assert sorted(run.dumps) == [0, 1] and [p.name for p in run.strays] == ["nccl_trace_rank_٣"]
