@@ -40,6 +40,8 @@ __all__ = [
     "Role",
     "ShimConfig",
     "automodel_cfg",
+    "block_of",
+    "blocks",
     "distributed_timeout_minutes",
     "distributed_timeout_minutes_after_init",
     "flight_recorder",
@@ -105,11 +107,25 @@ SHIM_CFG_KEYS: tuple[str, ...] = (
 )
 
 
+def block_of(key: str) -> str:
+    """The block of a role's section that holds ``key``: ``automodel_cfg`` for NeMo RL's key, else ``nemo_rl_shim``."""
+    return "automodel_cfg" if key in AUTOMODEL_CFG_KEYS else SHIM_CFG
+
+
 def full_key(where: str, key: str) -> str:
     """The full name of ``key`` in the role section ``where`` (``policy``): ``policy.automodel_cfg.<key>`` for
-    NeMo RL's key, ``policy.nemo_rl_shim.<key>`` for this package's."""
-    block = "automodel_cfg" if key in AUTOMODEL_CFG_KEYS else SHIM_CFG
-    return f"{where}.{block}.{key}"
+    NeMo RL's key, ``policy.nemo_rl_shim.<key>`` for this package's (:func:`block_of`)."""
+    return f"{where}.{block_of(key)}.{key}"
+
+
+def blocks(knobs: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """A flat mapping of knobs (as :func:`knobs` returns) split back into a role section's two blocks, each key in
+    its :func:`block_of`; both blocks present, empty where no key goes. The inverse of :func:`knobs`, for code
+    that builds a section."""
+    out: dict[str, dict[str, Any]] = {"automodel_cfg": {}, SHIM_CFG: {}}
+    for key, value in knobs.items():
+        out[block_of(key)][key] = value
+    return out
 
 
 def _block(config: Mapping[str, Any], role: str, name: str) -> Mapping[str, Any]:

@@ -156,7 +156,7 @@ def _apply_flags(section: dict[str, Any], role: cfg.Role, overrides: Mapping[str
             continue
         if key in _KNOB_OVERRIDES:
             knob = _KNOB_OVERRIDES[key]
-            blocks["automodel_cfg" if knob in cfg.AUTOMODEL_CFG_KEYS else cfg.SHIM_CFG][knob] = value
+            blocks[cfg.block_of(knob)][knob] = value
         elif key in _DTENSOR_OVERRIDES:
             dtensor[_DTENSOR_OVERRIDES[key]] = value
         else:
