@@ -43,7 +43,8 @@ RUN_TIMEOUT_S = 420  # bound on each launched command; ranks import torch + Auto
 PPO_YAML = (
     "policy:\n  automodel_cfg:\n    distributed_timeout_minutes: 99\n"
     "value:\n  automodel_cfg:\n    distributed_timeout_minutes: {startup}\n"
-    "    distributed_timeout_minutes_after_init: {steady}\n  dtensor_cfg:\n    _v2: true\n    cpu_offload: true\n"
+    "  nemo_rl_shim:\n    distributed_timeout_minutes_after_init: {steady}\n"
+    "  dtensor_cfg:\n    _v2: true\n    cpu_offload: true\n"
 )
 STARTUP_MIN, STEADY_MIN = 40.0, 10.0  # not 30: that is gloo's default and would prove nothing
 
