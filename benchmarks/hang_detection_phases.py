@@ -42,10 +42,8 @@ if str(ROOT) not in sys.path:  # run as a script: make nemo_rl_shim importable
 
 
 def _section(startup_s: float, steady_s: float | None) -> dict[str, Any]:
-    automodel_cfg: dict[str, Any] = {"distributed_timeout_minutes": startup_s / 60}
-    if steady_s is not None:
-        automodel_cfg["distributed_timeout_minutes_after_init"] = steady_s / 60
-    return {"automodel_cfg": automodel_cfg, "dtensor_cfg": {}}
+    shim = {} if steady_s is None else {"distributed_timeout_minutes_after_init": steady_s / 60}
+    return {"automodel_cfg": {"distributed_timeout_minutes": startup_s / 60}, "nemo_rl_shim": shim, "dtensor_cfg": {}}
 
 
 def measure(params: dict[str, Any]) -> list[dict[str, Any]]:

@@ -57,7 +57,8 @@ TARGET_S = 0.01  # 1% of a 1 s step
 
 def _section(startup_min: float, **learned: Any) -> dict[str, Any]:
     return {
-        "automodel_cfg": {"distributed_timeout_minutes": startup_min, "learned_timeouts": learned},
+        "automodel_cfg": {"distributed_timeout_minutes": startup_min},
+        "nemo_rl_shim": {"learned_timeouts": learned},
         "dtensor_cfg": {"tensor_parallel_size": 2},
     }
 

@@ -101,8 +101,11 @@ print(json.dumps({"import_torch_s": t1 - t0, "import_shim_after_torch_s": t2 - t
 
 
 def _section(dtensor_cfg: dict[str, int], *, patch: bool) -> dict[str, Any]:
-    automodel_cfg = {"distributed_timeout_minutes": TIMEOUT_MINUTES, "patch_automodel": patch}
-    return {"automodel_cfg": automodel_cfg, "dtensor_cfg": dict(dtensor_cfg)}
+    return {
+        "automodel_cfg": {"distributed_timeout_minutes": TIMEOUT_MINUTES},
+        "nemo_rl_shim": {"patch_automodel": patch},
+        "dtensor_cfg": dict(dtensor_cfg),
+    }
 
 
 def _mesh_facts(device_mesh: Any, moe_mesh: Any) -> dict[str, Any]:

@@ -2,14 +2,15 @@
 
 ``policy.automodel_cfg.distributed_timeout_minutes`` (and ``value.automodel_cfg``
 for PPO) reaches ``init_process_group`` and every DeviceMesh sub-group, without
-breaking FSDP2 CPU offload's Gloo half.
+breaking FSDP2 CPU offload's Gloo half. This package's own keys sit beside it, in
+``policy.nemo_rl_shim`` (``value.nemo_rl_shim``).
 
 This package is the library a training worker imports. The ``nemo-rl-shim`` command lives
 in :mod:`nemo_rl_shim.cli`, which imports the library and is never imported by it.
 
 Rooms, each named for what it owns (its ``__init__`` says what it may import), lowest first:
 
-* :mod:`.config`: the ``automodel_cfg`` knob and its checks (no torch);
+* :mod:`.config`: the ``automodel_cfg`` knob, the ``nemo_rl_shim`` block, and their checks (no torch);
 * :mod:`.one_line`: what every one-line report is made of: an exception's first line, a list of ranks (no torch);
 * :mod:`.process_groups`: every group torch holds, the value a group made later gets, setting a timeout and
   reading it back;
@@ -32,10 +33,13 @@ TYPE_CHECKING = False  # typing's own constant, without importing typing (~10 ms
 if TYPE_CHECKING:
     from nemo_rl_shim.config.settings import (
         AutomodelConfig,
+        ShimConfig,
         automodel_cfg,
         distributed_timeout_minutes,
         distributed_timeout_minutes_after_init,
+        knobs,
         patch_automodel,
+        shim_cfg,
     )
     from nemo_rl_shim.setup.decision import Action, Decision, WorkaroundState, decide
     from nemo_rl_shim.setup.default_group import backend_for, init_process_group
@@ -48,6 +52,7 @@ __all__ = [
     "Decision",
     "DistributedContext",
     "RuntimeConfig",
+    "ShimConfig",
     "UnsupportedVersions",
     "WorkaroundState",
     "automodel_cfg",
@@ -57,8 +62,10 @@ __all__ = [
     "distributed_timeout_minutes",
     "distributed_timeout_minutes_after_init",
     "init_process_group",
+    "knobs",
     "patch_automodel",
     "setup_distributed",
+    "shim_cfg",
 ]
 
 __getattr__, __dir__ = lazy_exports(

@@ -17,6 +17,9 @@ git directories, never committed here. Each step is bounded in time:
    ``MasterConfig`` with true, "forty-five", 0.5, nan, inf, 0, -5, 1e308, 10081, a misspelled key,
    45, "45" (what ``${oc.env:...}`` gives) and null for the policy, teacher and value sections, and
    ``Policy`` for the reward model section, the v1 DTensor worker, Megatron and a Megatron teacher.
+   Then this project's own keys: every one in ``<section>.nemo_rl_shim`` must pass ``MasterConfig`` on
+   both trees unchanged and reach the config ``Policy`` hands the DTensor v2 worker; patched must refuse
+   one in its old place inside ``automodel_cfg``.
 4. ``tests``: NeMo RL's own tests as its CI runs them, each lane in ONE pytest process, unpatched and
    patched: ``tests/unit/models/automodel/`` with ``--automodel-only`` (its first file leaves a Gloo
    default group behind), ``test_config_validation.py`` with ``models/policy/test_policy_validation.py``,
@@ -407,6 +410,51 @@ def driver_verdict(patched: dict[str, Any]) -> list[str]:
     return problems
 
 
+def _driver_module() -> Any:
+    """``scripts/nemo_rl_driver.py`` as a module (standard library only at import): its cases' labels and values."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("nemo_rl_driver", DRIVER_SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def shim_keys_verdict(results: dict[str, Any]) -> list[str]:
+    """This project's keys in ``<section>.nemo_rl_shim`` pass NeMo RL's ``MasterConfig`` on both trees, unchanged, and
+    reach the config ``Policy`` hands its DTensor v2 worker; patched NeMo RL refuses one in its old place inside
+    ``automodel_cfg``, naming it. The driver's block holds every key the shim reads (``SHIM_CFG_KEYS``)."""
+    if str(ROOT) not in sys.path:  # run as python3 scripts/nemo_rl_check.py; nemo_rl_shim.config is stdlib-only
+        sys.path.insert(0, str(ROOT))
+    from nemo_rl_shim.config import SHIM_CFG_KEYS
+
+    driver = _driver_module()
+    problems = []
+    if set(driver.SHIM_BLOCK) != set(SHIM_CFG_KEYS):
+        have = sorted(driver.SHIM_BLOCK)
+        problems.append(f"the driver's nemo_rl_shim block has {have}; the shim reads {list(SHIM_CFG_KEYS)}")
+    kept = f"accepted: {driver.SHIM_BLOCK!r}"
+    to_worker = f"accepted: {{'worker': 'DTensorPolicyWorkerV2', 'nemo_rl_shim': {driver.SHIM_BLOCK!r}}}"
+    for tree in ("unpatched", "patched"):
+        if tree not in results:
+            problems.append(f"nemo_rl_shim block: no driver results on {tree}")
+            continue
+        for label, section in _SECTION_OF.items():
+            outcome = results[tree].get("shim_keys", {}).get(label, {}).get(driver.SHIM_BESIDE, "missing")
+            if outcome != kept:
+                problems.append(f"MasterConfig on {tree}, {label}, {driver.SHIM_BESIDE}: {outcome}")
+            if tree == "patched":
+                old = results[tree].get("shim_keys", {}).get(label, {}).get(driver.SHIM_OLD_PLACE, "missing")
+                refusal = f"{section}.automodel_cfg.patch_automodel | Extra inputs are not permitted"
+                if not (old.startswith("refused: ValidationError") and refusal in old):
+                    problems.append(f"MasterConfig on {tree}, {label}, {driver.SHIM_OLD_PLACE}: {old}")
+        worker = results[tree].get("policy", {}).get(driver.SHIM_TO_WORKER, "missing")
+        if worker != to_worker:
+            problems.append(f"Policy on {tree}, {driver.SHIM_TO_WORKER}: {worker}")
+    return problems
+
+
 def driver_step(work: Path) -> tuple[dict[str, Any], list[str]]:
     results, problems = {}, []
     for tree in ("unpatched", "patched"):
@@ -424,6 +472,7 @@ def driver_step(work: Path) -> tuple[dict[str, Any], list[str]]:
         results[tree] = {**json.loads(out.read_text()), "seconds": round(seconds, 1)}
     if "patched" in results:
         problems += driver_verdict(results["patched"])
+    problems += shim_keys_verdict(results)
     return results, problems
 
 
@@ -965,8 +1014,8 @@ def render_markdown(summary: dict[str, Any]) -> str:
     driver = summary.get("driver", {})
     if "patched" in driver and "unpatched" in driver:
         rows = []
-        for kind in ("master_config", "policy"):
-            for label, outcomes in driver["patched"][kind].items():
+        for kind in ("master_config", "policy", "shim_keys"):
+            for label, outcomes in driver["patched"].get(kind, {}).items():
                 cases = outcomes.items() if isinstance(outcomes, dict) else [("", outcomes)]
                 for value, outcome in cases:
                     before = driver["unpatched"][kind][label]

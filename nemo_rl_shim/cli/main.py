@@ -156,18 +156,18 @@ def _add_section_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--role", choices=("policy", "value"), default="policy", help="config section (default policy)")
     p.add_argument("--timeout-minutes", type=_number, help="automodel_cfg.distributed_timeout_minutes")
     p.add_argument(
-        "--timeout-minutes-after-init", type=_number, help="automodel_cfg.distributed_timeout_minutes_after_init"
+        "--timeout-minutes-after-init", type=_number, help="nemo_rl_shim.distributed_timeout_minutes_after_init"
     )
     p.add_argument("--cpu-offload", action=argparse.BooleanOptionalAction, default=None, help="dtensor_cfg.cpu_offload")
     p.add_argument("--tp", type=_positive_int, help="dtensor_cfg.tensor_parallel_size")
     p.add_argument("--cp", type=_positive_int, help="dtensor_cfg.context_parallel_size")
     p.add_argument("--ep", type=_positive_int, help="dtensor_cfg.expert_parallel_size")
     p.add_argument("--dp-replicate", type=_positive_int, help="dtensor_cfg.dp_replicate_size")
-    p.add_argument("--no-patch", action="store_true", help="automodel_cfg.patch_automodel: false")
+    p.add_argument("--no-patch", action="store_true", help="nemo_rl_shim.patch_automodel: false")
     p.add_argument(
         "--flight-recorder",
         metavar="DIR",
-        help="automodel_cfg.flight_recorder: {enabled: true, dump_dir: DIR}; a failed run ends with hang-report's line",
+        help="nemo_rl_shim.flight_recorder: {enabled: true, dump_dir: DIR}; a failed run ends with hang-report's line",
     )
 
 
@@ -225,7 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     hang = subparsers.add_parser(
         "hang-report",
         help="name the rank that did not join a collective, from every rank's Flight Recorder dump",
-        description="Read every rank's Flight Recorder dump in DIR (automodel_cfg.flight_recorder.dump_dir) and name "
+        description="Read every rank's Flight Recorder dump in DIR (nemo_rl_shim.flight_recorder.dump_dir) and name "
         "the rank(s) that did not enter or finish the collective the others waited in. Exit 0 only when every rank "
         "of a known world dumped and every group's last collective is known to have finished; 1 on a stall, a "
         "mismatch, a missing dump, or what cannot be told (a world no record states, Gloo's collectives); 2 when DIR "

@@ -1,7 +1,16 @@
-"""The ``automodel_cfg`` config block and its validation.
+"""The knob's two blocks, ``automodel_cfg`` and ``nemo_rl_shim``, and their validation.
 
-Knows nothing of torch.distributed: every check here runs before any process
-group exists, so a bad value leaves nothing half-initialized.
+A role's section (``policy``, or ``value`` for PPO) holds them side by side:
+
+* ``automodel_cfg`` is NeMo RL's block. Its one key, ``distributed_timeout_minutes``, is the upstream knob; once
+  NeMo RL takes the pull request in :mod:`nemo_rl_shim.upstream`, its ``AutomodelConfig`` (``extra="forbid"``)
+  refuses any other key there, in the driver, before Ray starts a worker.
+* ``nemo_rl_shim`` holds this package's own keys. NeMo RL's ``MasterConfig`` is ``extra="allow"`` and its
+  ``PolicyConfig``/``ValueConfig`` TypedDicts take that config, so it accepts the block and hands it to the worker
+  with the rest of the section (see ``docs/into-nemo-rl.md``, "Where the shim's keys live").
+
+Knows nothing of torch.distributed: every check here runs before any process group exists, so a bad value leaves
+nothing half-initialized.
 """
 
 from __future__ import annotations
@@ -23,17 +32,25 @@ __all__ = [
     "LEARNED_TIMEOUTS_DEFAULTS",
     "MIN_TIMEOUT",
     "ROLES",
+    "SHIM_CFG",
+    "SHIM_CFG_KEYS",
     "AutomodelConfig",
     "FlightRecorderSettings",
     "LearnedTimeoutsSettings",
     "Role",
+    "ShimConfig",
     "automodel_cfg",
+    "block_of",
+    "blocks",
     "distributed_timeout_minutes",
     "distributed_timeout_minutes_after_init",
     "flight_recorder",
+    "full_key",
+    "knobs",
     "learned_timeouts",
     "minutes_timedelta",
     "patch_automodel",
+    "shim_cfg",
 ]
 
 Role = Literal["policy", "value"]
@@ -45,15 +62,23 @@ _MAX_MINUTES = datetime.timedelta.max.total_seconds() / 60
 #: so anything shorter becomes 0 and every collective would time out at once.
 MIN_TIMEOUT = datetime.timedelta(milliseconds=1)
 
+#: The block, beside ``automodel_cfg`` in a role's section, that holds this package's own keys.
+SHIM_CFG = "nemo_rl_shim"
+
 
 class AutomodelConfig(TypedDict):
-    """``policy.automodel_cfg`` (and, for PPO, ``value.automodel_cfg``)."""
+    """``policy.automodel_cfg`` (and, for PPO, ``value.automodel_cfg``): NeMo RL's block, its one key."""
 
     #: Timeout of the default process group and of every DeviceMesh sub-group, in
     #: minutes. None (or unset) keeps torch's defaults: 10 min for NCCL, 30 for Gloo.
     distributed_timeout_minutes: NotRequired[float | None]
+
+
+class ShimConfig(TypedDict):
+    """``policy.nemo_rl_shim`` (and, for PPO, ``value.nemo_rl_shim``): the keys only this package reads."""
+
     #: Steady-state timeout once the first training step has finished. None keeps
-    #: ``distributed_timeout_minutes`` for the whole run. May not exceed it.
+    #: ``automodel_cfg.distributed_timeout_minutes`` for the whole run. May not exceed it.
     distributed_timeout_minutes_after_init: NotRequired[float | None]
     #: Apply the workaround the run's default group needs (keep-cpu-backend under CPU offload,
     #: cpu-mesh-timeout on a CPU-only machine) where the installed release still needs it.
@@ -64,16 +89,17 @@ class AutomodelConfig(TypedDict):
     #: collective times out (see :mod:`nemo_rl_shim.flight_recorder`; read with ``nemo-rl-shim hang-report``).
     flight_recorder: NotRequired[Mapping[str, Any] | None]
     #: Timeouts learned from the run's own step and phase times: ``{factor: 5, min_steps: 8, floor_minutes: 1}``.
-    #: Off by default. On, ``distributed_timeout_minutes`` is required (the ceiling) and
+    #: Off by default. On, ``automodel_cfg.distributed_timeout_minutes`` is required (the ceiling) and
     #: ``distributed_timeout_minutes_after_init`` is refused (choose one); see
     #: :mod:`nemo_rl_shim.timeouts.learned_rule`.
     learned_timeouts: NotRequired[Mapping[str, Any] | None]
 
 
-#: Every key ``automodel_cfg`` may hold (:class:`AutomodelConfig`); any other is refused by :func:`automodel_cfg`.
-#: A new key is added here, and to :class:`AutomodelConfig`, and nowhere else.
-AUTOMODEL_CFG_KEYS: tuple[str, ...] = (
-    "distributed_timeout_minutes",
+#: Every key ``automodel_cfg`` may hold (:class:`AutomodelConfig`): NeMo RL's, and only NeMo RL's.
+AUTOMODEL_CFG_KEYS: tuple[str, ...] = ("distributed_timeout_minutes",)
+#: Every key ``nemo_rl_shim`` may hold (:class:`ShimConfig`); any other is refused by :func:`shim_cfg`.
+#: A new key of this package's is added here, and to :class:`ShimConfig`, and nowhere else.
+SHIM_CFG_KEYS: tuple[str, ...] = (
     "distributed_timeout_minutes_after_init",
     "patch_automodel",
     "flight_recorder",
@@ -81,26 +107,85 @@ AUTOMODEL_CFG_KEYS: tuple[str, ...] = (
 )
 
 
-def automodel_cfg(config: Mapping[str, Any], role: Role = "policy") -> Mapping[str, Any]:
-    """``config[role]["automodel_cfg"]``, or an empty mapping when either is absent or null.
+def block_of(key: str) -> str:
+    """The block of a role's section that holds ``key``: ``automodel_cfg`` for NeMo RL's key, else ``nemo_rl_shim``."""
+    return "automodel_cfg" if key in AUTOMODEL_CFG_KEYS else SHIM_CFG
 
-    A key that is not in :data:`AUTOMODEL_CFG_KEYS` (a misspelt ``distributed_timeout_minute``) raises
-    ``ValueError`` naming the full key, its value and the known keys: dropped silently, it would
-    leave the run at torch's defaults with no word.
-    """
+
+def full_key(where: str, key: str) -> str:
+    """The full name of ``key`` in the role section ``where`` (``policy``): ``policy.automodel_cfg.<key>`` for
+    NeMo RL's key, ``policy.nemo_rl_shim.<key>`` for this package's (:func:`block_of`)."""
+    return f"{where}.{block_of(key)}.{key}"
+
+
+def blocks(knobs: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """A flat mapping of knobs (as :func:`knobs` returns) split back into a role section's two blocks, each key in
+    its :func:`block_of`; both blocks present, empty where no key goes. The inverse of :func:`knobs`, for code
+    that builds a section."""
+    out: dict[str, dict[str, Any]] = {"automodel_cfg": {}, SHIM_CFG: {}}
+    for key, value in knobs.items():
+        out[block_of(key)][key] = value
+    return out
+
+
+def _block(config: Mapping[str, Any], role: str, name: str) -> Mapping[str, Any]:
+    """``config[role][name]``, or an empty mapping when either is absent or null; ValueError if not a mapping."""
     section = config.get(role) or {}
     if not isinstance(section, Mapping):
         raise ValueError(f"{role} must be a mapping, got {section!r}")
-    block = section.get("automodel_cfg") or {}
+    block = section.get(name) or {}
     if not isinstance(block, Mapping):
-        raise ValueError(f"{role}.automodel_cfg must be a mapping, got {block!r}")
+        raise ValueError(f"{role}.{name} must be a mapping, got {block!r}")
+    return block
+
+
+def automodel_cfg(config: Mapping[str, Any], role: Role = "policy") -> Mapping[str, Any]:
+    """``config[role]["automodel_cfg"]``, or an empty mapping when either is absent or null.
+
+    One of this package's keys there (its place before NeMo RL had ``AutomodelConfig``) raises ``ValueError``
+    naming the full old key, the new one and the value: patched NeMo RL refuses it there (``extra="forbid"``),
+    and a key read from two places would need a rule for which wins. Any other key (a misspelt
+    ``distributed_timeout_minute``) raises naming the full key, its value and the known keys: dropped silently,
+    it would leave the run at torch's defaults with no word.
+    """
+    block = _block(config, role, "automodel_cfg")
+    for key in block:
+        if key in SHIM_CFG_KEYS:
+            raise ValueError(
+                f"{role}.automodel_cfg.{key} has moved to {role}.{SHIM_CFG}.{key} (NeMo RL's automodel_cfg holds "
+                f"only {', '.join(AUTOMODEL_CFG_KEYS)} and refuses any other key), got {block[key]!r}"
+            )
     unknown = sorted((key for key in block if key not in AUTOMODEL_CFG_KEYS), key=str)
     if unknown:
         raise ValueError(
-            f"{role}.automodel_cfg.{unknown[0]} is not an automodel_cfg key (known: {', '.join(AUTOMODEL_CFG_KEYS)}), "
-            f"got {block[unknown[0]]!r}"
+            f"{role}.automodel_cfg.{unknown[0]} is not an automodel_cfg key (known: {', '.join(AUTOMODEL_CFG_KEYS)}; "
+            f"this package's own keys go in {role}.{SHIM_CFG}), got {block[unknown[0]]!r}"
         )
     return block
+
+
+def shim_cfg(config: Mapping[str, Any], role: Role = "policy") -> Mapping[str, Any]:
+    """``config[role]["nemo_rl_shim"]``, or an empty mapping when either is absent or null.
+
+    A key that is not in :data:`SHIM_CFG_KEYS` raises ``ValueError`` naming the full key, its value and the known
+    keys; ``distributed_timeout_minutes`` there is pointed back to ``automodel_cfg``, NeMo RL's block.
+    """
+    block = _block(config, role, SHIM_CFG)
+    unknown = sorted((key for key in block if key not in SHIM_CFG_KEYS), key=str)
+    if unknown:
+        key = unknown[0]
+        where = f" (it is NeMo RL's key: set {role}.automodel_cfg.{key})" if key in AUTOMODEL_CFG_KEYS else ""
+        raise ValueError(
+            f"{role}.{SHIM_CFG}.{key} is not a {SHIM_CFG} key (known: {', '.join(SHIM_CFG_KEYS)}){where}, "
+            f"got {block[key]!r}"
+        )
+    return block
+
+
+def knobs(config: Mapping[str, Any], role: Role = "policy") -> dict[str, Any]:
+    """Both blocks of ``config[role]``, each checked (:func:`automodel_cfg`, :func:`shim_cfg`), as one mapping:
+    what the validators below read, with ``where=role``. Their keys never overlap."""
+    return {**automodel_cfg(config, role), **shim_cfg(config, role)}
 
 
 def _positive_minutes(value: Any, key: str) -> float | None:
@@ -137,17 +222,17 @@ def minutes_timedelta(value: Any, key: str) -> datetime.timedelta:
     return datetime.timedelta(minutes=minutes)
 
 
-def distributed_timeout_minutes(cfg: Mapping[str, Any], where: str = "policy.automodel_cfg") -> float | None:
-    """The validated ``distributed_timeout_minutes`` of one ``automodel_cfg`` block.
+def distributed_timeout_minutes(cfg: Mapping[str, Any], where: str = "policy") -> float | None:
+    """The validated ``automodel_cfg.distributed_timeout_minutes`` of a role's :func:`knobs` (``where``: the role).
 
     Unset or null gives None (torch's default). Zero, negatives, booleans, NaN,
     infinity, strings, lists and values too large for ``datetime.timedelta``
     raise ``ValueError`` naming the full key and the value received.
     """
-    return _positive_minutes(cfg.get("distributed_timeout_minutes"), f"{where}.distributed_timeout_minutes")
+    return _positive_minutes(cfg.get("distributed_timeout_minutes"), full_key(where, "distributed_timeout_minutes"))
 
 
-def distributed_timeout_minutes_after_init(cfg: Mapping[str, Any], where: str = "policy.automodel_cfg") -> float | None:
+def distributed_timeout_minutes_after_init(cfg: Mapping[str, Any], where: str = "policy") -> float | None:
     """The validated steady-state timeout, or None to keep the start-up value all run.
 
     It may not exceed ``distributed_timeout_minutes``: the start-up phase is the
@@ -155,23 +240,24 @@ def distributed_timeout_minutes_after_init(cfg: Mapping[str, Any], where: str = 
     without a start-up value, it is compared against nothing (torch's default
     applies at start-up and is not known here per backend).
     """
-    key = f"{where}.distributed_timeout_minutes_after_init"
+    key = full_key(where, "distributed_timeout_minutes_after_init")
     steady = _positive_minutes(cfg.get("distributed_timeout_minutes_after_init"), key)
     startup = distributed_timeout_minutes(cfg, where)
     if steady is not None and startup is not None and steady > startup:
-        raise ValueError(f"{key} must not exceed {where}.distributed_timeout_minutes ({startup:g}), got {steady:g}")
+        startup_key = full_key(where, "distributed_timeout_minutes")
+        raise ValueError(f"{key} must not exceed {startup_key} ({startup:g}), got {steady:g}")
     return steady
 
 
-def patch_automodel(cfg: Mapping[str, Any], where: str = "policy.automodel_cfg") -> bool:
+def patch_automodel(cfg: Mapping[str, Any], where: str = "policy") -> bool:
     """The validated ``patch_automodel`` flag (default True)."""
     value = cfg.get("patch_automodel", True)
     if not isinstance(value, bool):
-        raise ValueError(f"{where}.patch_automodel must be true or false, got {value!r}")
+        raise ValueError(f"{full_key(where, 'patch_automodel')} must be true or false, got {value!r}")
     return value
 
 
-#: ``automodel_cfg.flight_recorder`` keys and their defaults.
+#: ``nemo_rl_shim.flight_recorder`` keys and their defaults.
 FLIGHT_RECORDER_DEFAULTS: dict[str, Any] = {"enabled": False, "dump_dir": None, "buffer_size": 2000}
 
 
@@ -204,14 +290,14 @@ def _writable_dir(value: Any, key: str) -> Path:
     return path
 
 
-def flight_recorder(cfg: Mapping[str, Any], where: str = "policy.automodel_cfg") -> FlightRecorderSettings | None:
+def flight_recorder(cfg: Mapping[str, Any], where: str = "policy") -> FlightRecorderSettings | None:
     """The validated ``flight_recorder`` block, or None when it is unset, null or ``enabled: false``.
 
     Keys: ``enabled`` (bool, default false), ``dump_dir`` (a directory, required when enabled; made if
     missing and checked writable here, before any process group exists), ``buffer_size`` (entries
     per rank, a positive integer, default 2000). Unknown keys are rejected, naming the full key.
     """
-    key = f"{where}.flight_recorder"
+    key = full_key(where, "flight_recorder")
     block = cfg.get("flight_recorder")
     if block is None:
         return None
@@ -240,7 +326,7 @@ def flight_recorder(cfg: Mapping[str, Any], where: str = "policy.automodel_cfg")
     return FlightRecorderSettings(_writable_dir(values["dump_dir"], f"{key}.dump_dir"), size)
 
 
-#: ``automodel_cfg.learned_timeouts`` keys and their defaults. ``floor_minutes`` is a choice, not a measurement:
+#: ``nemo_rl_shim.learned_timeouts`` keys and their defaults. ``floor_minutes`` is a choice, not a measurement:
 #: below a minute, host hiccups (a long garbage collection, a slow shared filesystem, a preempted CPU) that no
 #: step time shows would start to kill healthy runs.
 LEARNED_TIMEOUTS_DEFAULTS: dict[str, Any] = {"factor": 5.0, "min_steps": 8, "floor_minutes": 1.0}
@@ -250,7 +336,7 @@ LEARNED_TIMEOUTS_DEFAULTS: dict[str, Any] = {"factor": 5.0, "min_steps": 8, "flo
 class LearnedTimeoutsSettings:
     """A validated ``learned_timeouts`` block, with the start-up value it may never exceed."""
 
-    #: ``distributed_timeout_minutes``: the start-up value, and the most any learned value may be.
+    #: ``automodel_cfg.distributed_timeout_minutes``: the start-up value, and the most any learned value may be.
     ceiling_minutes: float
     #: The learned value is ``factor`` times the longest step (or phase) the ranks agreed on.
     factor: float = LEARNED_TIMEOUTS_DEFAULTS["factor"]
@@ -289,7 +375,7 @@ def _learned_block(cfg: Mapping[str, Any], key: str) -> Mapping[str, Any] | None
     return block
 
 
-def learned_timeouts(cfg: Mapping[str, Any], where: str = "policy.automodel_cfg") -> LearnedTimeoutsSettings | None:
+def learned_timeouts(cfg: Mapping[str, Any], where: str = "policy") -> LearnedTimeoutsSettings | None:
     """The validated ``learned_timeouts`` block, or None when it is unset or null (off).
 
     Keys (a null value takes the default): ``factor`` (a number above 1, default 5), ``min_steps`` (a
@@ -298,7 +384,9 @@ def learned_timeouts(cfg: Mapping[str, Any], where: str = "policy.automodel_cfg"
     ``distributed_timeout_minutes`` (the ceiling) and refuses ``distributed_timeout_minutes_after_init``:
     both set the steady value, so the config must choose one. Unknown keys are refused, naming the full key.
     """
-    key = f"{where}.learned_timeouts"
+    key = full_key(where, "learned_timeouts")
+    startup_key = full_key(where, "distributed_timeout_minutes")
+    steady_key = full_key(where, "distributed_timeout_minutes_after_init")
     block = _learned_block(cfg, key)
     if block is None:
         return None
@@ -306,14 +394,13 @@ def learned_timeouts(cfg: Mapping[str, Any], where: str = "policy.automodel_cfg"
     steady = distributed_timeout_minutes_after_init(cfg, where)
     if steady is not None:
         raise ValueError(
-            f"{key} and {where}.distributed_timeout_minutes_after_init ({steady:g}) both set the steady-state "
+            f"{key} and {steady_key} ({steady:g}) both set the steady-state "
             f"timeout: choose one (remove distributed_timeout_minutes_after_init to learn it, or set "
             f"learned_timeouts: null to keep {steady:g} min), got learned_timeouts {dict(block)!r}"
         )
     if ceiling is None:
         raise ValueError(
-            f"{key} needs {where}.distributed_timeout_minutes (the start-up value, and the most a learned value "
-            f"may be), got None"
+            f"{key} needs {startup_key} (the start-up value, and the most a learned value may be), got None"
         )
     values = {**LEARNED_TIMEOUTS_DEFAULTS, **{k: v for k, v in block.items() if v is not None}}
     min_steps = plain_int(values["min_steps"])
@@ -327,7 +414,5 @@ def learned_timeouts(cfg: Mapping[str, Any], where: str = "policy.automodel_cfg"
     if block.get("floor_minutes") is None:
         floor = min(floor, ceiling)
     elif floor > ceiling:
-        raise ValueError(
-            f"{key}.floor_minutes must not exceed {where}.distributed_timeout_minutes ({ceiling:g}), got {floor:g}"
-        )
+        raise ValueError(f"{key}.floor_minutes must not exceed {startup_key} ({ceiling:g}), got {floor:g}")
     return LearnedTimeoutsSettings(ceiling, _factor(values["factor"], f"{key}.factor"), min_steps, floor)

@@ -1,4 +1,4 @@
-"""torch's Flight Recorder, switched on from ``automodel_cfg.flight_recorder``; a dump, and a stack, when a rank hangs.
+"""torch's Flight Recorder, switched on from ``nemo_rl_shim.flight_recorder``; a dump, and a stack, when a rank hangs.
 
 Owns:
 

@@ -1,4 +1,4 @@
-"""torch's Flight Recorder, switched on from ``automodel_cfg.flight_recorder``, and a dump when a collective times out.
+"""torch's Flight Recorder, switched on from ``nemo_rl_shim.flight_recorder``, and a dump when a collective times out.
 
 With the recorder on, every rank keeps its last ``buffer_size`` collectives (group, op, sizes,
 sequence number, when it entered) and writes them to ``<dump_dir>/fr_trace_rank_<rank>`` when a

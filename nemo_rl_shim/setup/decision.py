@@ -32,6 +32,7 @@ from typing import Any
 
 import automodel_patch
 from automodel_patch import Verdict, Workaround
+from nemo_rl_shim.config.settings import full_key
 from nemo_rl_shim.setup.default_group import backend_for
 
 __all__ = ["TIMEOUT_SETTABLE_BACKENDS", "Action", "Decision", "WorkaroundState", "decide"]
@@ -198,7 +199,9 @@ def _needed(
                 f"{problem}: applying the {w.slug} workaround, whose layer is correct whatever the installed code does"
             )
         return Action.PATCH_AND_FORWARD, problem, warning, True
-    why = f"{where}.patch_automodel is false" if not patch_automodel else f"the {w.slug} workaround cannot apply"
+    why = f"the {w.slug} workaround cannot apply"
+    if not patch_automodel:
+        why = f"{full_key(where, 'patch_automodel')} is false"
     if w.forward_without_it:
         warning = f"{why}: {w.without_it}; the {timeout_minutes:g} min timeout may reach the default group only."
         return Action.FORWARD, f"{problem}, and {why}", warning, False
@@ -211,11 +214,12 @@ def decide(
     *,
     cpu_offload: bool,
     patch_automodel: bool = True,
-    where: str = "policy.automodel_cfg",
+    where: str = "policy",
     default_backend: str | None = None,
 ) -> Decision:
     """Decide how ``timeout_minutes`` (already validated) reaches the process groups.
 
+    ``where`` is the role's section (``policy``), named in the reasons and warnings (:func:`full_key`).
     ``default_backend`` is the default group's backend string the run will have (default:
     :func:`~nemo_rl_shim.setup.default_group.backend_for` on this machine: ``"gloo"`` without CUDA).
     See the module docstring for which workaround matters where.
@@ -226,7 +230,8 @@ def decide(
         return Decision(action, timeout_minutes, cpu_offload, reason, warning, backend, tuple(states), every_group)
 
     if timeout_minutes is None:
-        return make(Action.NO_TIMEOUT, f"{where}.distributed_timeout_minutes is unset: torch's defaults apply")
+        unset = full_key(where, "distributed_timeout_minutes")
+        return make(Action.NO_TIMEOUT, f"{unset} is unset: torch's defaults apply")
     units = _states(backend)
     states = [state for _, state in units]
     if not automodel_patch.build_accepts_timeout():

@@ -80,7 +80,7 @@ class DistributedContext(NamedTuple):
     #: (a pin whose build takes no timeout; torch 2.9's DeviceMesh passes none to Gloo sub-groups);
     #: empty where the build gave it.
     timeouts_set_after_build: tuple[str, ...] = ()
-    #: ``automodel_cfg.learned_timeouts``, validated (None: off), for :func:`nemo_rl_shim.timeouts.learned_timeouts`.
+    #: ``nemo_rl_shim.learned_timeouts``, validated (None: off), for :func:`nemo_rl_shim.timeouts.learned_timeouts`.
     learned_timeouts: cfg.LearnedTimeoutsSettings | None = None
 
 
@@ -251,7 +251,7 @@ def setup_distributed(
     against the launcher's ``WORLD_SIZE``, is checked before any process group exists;
     so is the torch/nemo-automodel pair (:class:`~nemo_rl_shim.setup.support.UnsupportedVersions`).
     The returned context carries the :class:`~nemo_rl_shim.setup.decision.Decision` that says
-    what happened to the timeout. With ``automodel_cfg.flight_recorder`` on, torch's recorder
+    what happened to the timeout. With ``nemo_rl_shim.flight_recorder`` on, torch's recorder
     variables are set before the first group (:mod:`nemo_rl_shim.flight_recorder`) and each rank's
     group map is written beside its dump once the meshes exist. Where every group is meant to carry the
     timeout (:attr:`Decision.every_group`), groups made from then on without a timeout of their own get
@@ -260,13 +260,12 @@ def setup_distributed(
     with CPU offload raises ``NotImplementedError``, as in NeMo RL; found only after the rendezvous (no
     ``WORLD_SIZE``), the just-created default group is torn down again first.
     """
-    where = f"{role}.automodel_cfg"
-    automodel_cfg = cfg.automodel_cfg({role: config}, role)
-    timeout = cfg.distributed_timeout_minutes(automodel_cfg, where)
-    steady = cfg.distributed_timeout_minutes_after_init(automodel_cfg, where)
-    patch = cfg.patch_automodel(automodel_cfg, where)
-    recorder_settings = cfg.flight_recorder(automodel_cfg, where)
-    learned = cfg.learned_timeouts(automodel_cfg, where)
+    knobs = cfg.knobs({role: config}, role)
+    timeout = cfg.distributed_timeout_minutes(knobs, role)
+    steady = cfg.distributed_timeout_minutes_after_init(knobs, role)
+    patch = cfg.patch_automodel(knobs, role)
+    recorder_settings = cfg.flight_recorder(knobs, role)
+    learned = cfg.learned_timeouts(knobs, role)
     dtensor_cfg = config.get("dtensor_cfg") or {}
     sizes = parallel_sizes(dtensor_cfg, f"{role}.dtensor_cfg")
     expected_world = _launcher_world_size()
@@ -280,7 +279,7 @@ def setup_distributed(
 
     backend = backend_for(cpu_offload=runtime_config.cpu_offload)
     decision = decide(
-        timeout, cpu_offload=runtime_config.cpu_offload, patch_automodel=patch, where=where, default_backend=backend
+        timeout, cpu_offload=runtime_config.cpu_offload, patch_automodel=patch, where=role, default_backend=backend
     )
     if decision.patches:
         automodel_patch.apply(*decision.patches)

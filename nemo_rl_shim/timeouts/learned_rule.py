@@ -4,7 +4,7 @@ Plain arithmetic on seconds and minutes, with no torch: :class:`Learning` is wha
 computes the same way from the same agreed numbers. :class:`nemo_rl_shim.timeouts.learned_run.Learner` times
 the steps, runs the one all-reduce that agrees on them, and sets the groups' timeouts.
 
-The rule (``automodel_cfg.learned_timeouts``: ``factor``, ``min_steps``, ``floor_minutes``; the
+The rule (``nemo_rl_shim.learned_timeouts``: ``factor``, ``min_steps``, ``floor_minutes``; the
 ceiling is ``distributed_timeout_minutes``):
 
 * a value learned from a longest duration ``d`` is ``factor x d``, at least the floor, at most the

@@ -64,7 +64,7 @@ class Learner:
 
     @property
     def enabled(self) -> bool:
-        """Whether ``automodel_cfg.learned_timeouts`` is on."""
+        """Whether ``nemo_rl_shim.learned_timeouts`` is on."""
         return self._learning is not None
 
     @property

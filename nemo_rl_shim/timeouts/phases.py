@@ -6,7 +6,7 @@ hang at step 5,000 undetected for as long. Here the start-up value
 every group to the steady value (``distributed_timeout_minutes_after_init``);
 :func:`extended_timeout` raises it around a slow phase (checkpoint save and
 consolidation, weight refit) and restores each group's previous value after.
-:func:`learned_timeouts` learns both from the run itself instead (``automodel_cfg.learned_timeouts``;
+:func:`learned_timeouts` learns both from the run itself instead (``nemo_rl_shim.learned_timeouts``;
 :mod:`nemo_rl_shim.timeouts.learned_run`).
 
 "Every group" (:func:`run_groups`) is the run's own groups (the default group,
@@ -154,7 +154,7 @@ def learned_timeouts(context: Any) -> Learner:
     """A :class:`~nemo_rl_shim.timeouts.learned_run.Learner` for the run of ``context``, following its
     ``learned_timeouts`` settings.
 
-    Off (``automodel_cfg.learned_timeouts`` unset or null, or a context without the field), the learner
+    Off (``nemo_rl_shim.learned_timeouts`` unset or null, or a context without the field), the learner
     times nothing and sets nothing, so a worker can call it the same way either way. It changes
     timeouts only through :func:`set_timeouts`, on every group that function reaches.
     """

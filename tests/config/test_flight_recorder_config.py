@@ -1,4 +1,4 @@
-"""``automodel_cfg.flight_recorder``: accepted and rejected values, and torch's variables it sets.
+"""``nemo_rl_shim.flight_recorder``: accepted and rejected values, and torch's variables it sets.
 
 As in tests/config/test_config.py, each rejected value goes through the validator and through
 ``setup_distributed`` itself, which must fail before any process group exists (so in this
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.every_lane
 ROLES = ("policy", "value")
 roles = pytest.mark.parametrize("role", ROLES)
 
-#: Blocks that must be rejected, with the key the message must start with (after ``<role>.automodel_cfg.``).
+#: Blocks that must be rejected, with the key the message must start with (after ``<role>.nemo_rl_shim.``).
 BAD_BLOCKS: dict[str, tuple[Any, str]] = {
     "list": ([True], "flight_recorder must be a mapping"),
     "string": ("on", "flight_recorder must be a mapping"),
@@ -43,7 +43,7 @@ BAD_BLOCKS: dict[str, tuple[Any, str]] = {
 
 
 def _section(block: Any) -> dict[str, Any]:
-    return {"automodel_cfg": {"flight_recorder": block}, "dtensor_cfg": {}}
+    return {"nemo_rl_shim": {"flight_recorder": block}, "dtensor_cfg": {}}
 
 
 @pytest.fixture
@@ -101,9 +101,9 @@ def test_enabled_makes_the_directory_and_keeps_the_size(tmp_path: Path) -> None:
 def test_bad_block_names_full_key_and_value(role: str, case: str, in_tmp: Path) -> None:
     block, start = BAD_BLOCKS[case]
     with pytest.raises(ValueError) as raised:
-        flight_recorder({"flight_recorder": block}, f"{role}.automodel_cfg")
+        flight_recorder({"flight_recorder": block}, role)
     message = str(raised.value)
-    assert message.startswith(f"{role}.automodel_cfg.{start}"), message
+    assert message.startswith(f"{role}.nemo_rl_shim.{start}"), message
     assert "got " in message, message
 
 
@@ -113,7 +113,7 @@ def test_setup_distributed_rejects_a_bad_block_before_any_group(
     role: str, case: str, in_tmp: Path, no_process_group
 ) -> None:
     block, start = BAD_BLOCKS[case]
-    with pytest.raises(ValueError, match=rf"^{role}\.automodel_cfg\.{start.split(' ')[0]}"):
+    with pytest.raises(ValueError, match=rf"^{role}\.nemo_rl_shim\.{start.split(' ')[0]}"):
         setup_distributed(_section(block), RuntimeConfig(), role=role)
     assert not dist.is_initialized()
 
@@ -125,7 +125,7 @@ def test_a_file_where_the_directory_should_be_is_rejected(tmp_path: Path, no_pro
     with pytest.raises(ValueError) as raised:
         setup_distributed(_section({"enabled": True, "dump_dir": value}), RuntimeConfig())
     message = str(raised.value)
-    assert message.startswith("policy.automodel_cfg.flight_recorder.dump_dir must be a directory that exists or can be")
+    assert message.startswith("policy.nemo_rl_shim.flight_recorder.dump_dir must be a directory that exists or can be")
     assert repr(value) in message
 
 

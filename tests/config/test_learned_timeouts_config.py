@@ -1,4 +1,4 @@
-"""``automodel_cfg.learned_timeouts``: accepted and refused values, each refusal naming the full key and the value.
+"""``nemo_rl_shim.learned_timeouts``: accepted and refused values, each refusal naming the full key and the value.
 
 The refusals are also checked through ``setup_distributed`` itself, for the policy and PPO's value
 model: it must refuse before any process group exists, so it runs in this process without ranks.
@@ -43,13 +43,21 @@ REFUSED: dict[str, tuple[Any, str]] = {
     "floor-string": ({"floor_minutes": "1"}, "learned_timeouts.floor_minutes must be a positive number of minutes"),
     "floor-above-ceiling": (
         {"floor_minutes": 50},
-        f"learned_timeouts.floor_minutes must not exceed {{where}}.distributed_timeout_minutes ({CEILING}), got 50",
+        "learned_timeouts.floor_minutes must not exceed {where}.automodel_cfg.distributed_timeout_minutes "
+        f"({CEILING}), got 50",
     ),
 }
 
 
 def _cfg(block: Any, **others: Any) -> dict[str, Any]:
+    """A role's knobs (:func:`nemo_rl_shim.config.knobs`) with ``learned_timeouts`` set to ``block``."""
     return {"distributed_timeout_minutes": CEILING, "learned_timeouts": block, **others}
+
+
+def _section(block: Any, **others: Any) -> dict[str, Any]:
+    """A role's section with ``learned_timeouts`` set to ``block``, each key in its block."""
+    shim = {"learned_timeouts": block, **others}
+    return {"automodel_cfg": {"distributed_timeout_minutes": CEILING}, "nemo_rl_shim": shim, "dtensor_cfg": {}}
 
 
 @pytest.fixture
@@ -86,17 +94,17 @@ def test_the_default_floor_comes_down_to_a_lower_ceiling_but_a_given_one_is_refu
 @pytest.mark.parametrize("name", list(REFUSED))
 def test_bad_values_are_refused_naming_the_full_key_and_the_value(name):
     block, words = REFUSED[name]
-    where = "value.automodel_cfg"
+    where = "value"
     with pytest.raises(ValueError) as caught:
         learned_timeouts(_cfg(block), where)
-    assert f"{where}.{words.format(where=where)}" in str(caught.value)
+    assert f"{where}.nemo_rl_shim.{words.format(where=where)}" in str(caught.value)
 
 
 def test_it_needs_the_start_up_value_as_its_ceiling():
     with pytest.raises(ValueError) as caught:
         learned_timeouts({"learned_timeouts": {}})
     assert str(caught.value) == (
-        "policy.automodel_cfg.learned_timeouts needs policy.automodel_cfg.distributed_timeout_minutes "
+        "policy.nemo_rl_shim.learned_timeouts needs policy.automodel_cfg.distributed_timeout_minutes "
         "(the start-up value, and the most a learned value may be), got None"
     )
 
@@ -105,7 +113,7 @@ def test_with_a_hand_set_steady_value_it_says_to_choose_one():
     with pytest.raises(ValueError) as caught:
         learned_timeouts(_cfg({}, distributed_timeout_minutes_after_init=10))
     message = str(caught.value)
-    assert "policy.automodel_cfg.learned_timeouts and policy.automodel_cfg.distributed_timeout_minutes_after_init" in (
+    assert "policy.nemo_rl_shim.learned_timeouts and policy.nemo_rl_shim.distributed_timeout_minutes_after_init" in (
         message
     )
     assert "choose one" in message and "(10)" in message
@@ -115,13 +123,12 @@ def test_with_a_hand_set_steady_value_it_says_to_choose_one():
 @pytest.mark.parametrize("name", ["factor-one", "unknown-key", "min-steps-zero"])
 def test_setup_distributed_refuses_before_any_process_group(role, name, no_process_group):
     block, words = REFUSED[name]
-    section = {"automodel_cfg": _cfg(block), "dtensor_cfg": {}}
     with pytest.raises(ValueError) as caught:
-        setup_distributed(section, RuntimeConfig(), role=role)
-    assert str(caught.value).startswith(f"{role}.automodel_cfg.{words.split(' ')[0]}"), caught.value
+        setup_distributed(_section(block), RuntimeConfig(), role=role)
+    assert str(caught.value).startswith(f"{role}.nemo_rl_shim.{words.split(' ')[0]}"), caught.value
     with pytest.raises(ValueError, match="choose one"):
         setup_distributed(
-            {"automodel_cfg": _cfg({}, distributed_timeout_minutes_after_init=5), "dtensor_cfg": {}},
+            _section({}, distributed_timeout_minutes_after_init=5),
             RuntimeConfig(),
             role=role,
         )
@@ -132,9 +139,9 @@ def test_preflight_refuses_it_before_any_rank():
 
     overrides = [
         "++policy.automodel_cfg.distributed_timeout_minutes=45",
-        "++policy.automodel_cfg.distributed_timeout_minutes_after_init=null",
+        "++policy.nemo_rl_shim.distributed_timeout_minutes_after_init=null",
     ]
     with pytest.raises(ValueError) as caught:
-        build_options(str(EXAMPLE), recipe_overrides=[*overrides, "++policy.automodel_cfg.learned_timeouts.factor=1"])
-    assert str(caught.value).startswith("policy.automodel_cfg.learned_timeouts.factor must be a number greater than 1")
-    build_options(str(EXAMPLE), recipe_overrides=[*overrides, "++policy.automodel_cfg.learned_timeouts.factor=3"])
+        build_options(str(EXAMPLE), recipe_overrides=[*overrides, "++policy.nemo_rl_shim.learned_timeouts.factor=1"])
+    assert str(caught.value).startswith("policy.nemo_rl_shim.learned_timeouts.factor must be a number greater than 1")
+    build_options(str(EXAMPLE), recipe_overrides=[*overrides, "++policy.nemo_rl_shim.learned_timeouts.factor=3"])

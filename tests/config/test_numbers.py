@@ -159,7 +159,7 @@ def test_setup_distributed_gives_torch_the_value_it_checked(liar: float, monkeyp
         raise _AfterTheDefaultGroup
 
     monkeypatch.setattr(distributed_module, "_fsdp2_config", stop)
-    section = {"automodel_cfg": {KEY: liar, "patch_automodel": False}, "dtensor_cfg": {}}
+    section = {"automodel_cfg": {KEY: liar}, "nemo_rl_shim": {"patch_automodel": False}, "dtensor_cfg": {}}
     try:
         with pytest.raises(_AfterTheDefaultGroup), pytest.warns(RuntimeWarning, match="patch_automodel is false"):
             setup_distributed(section, RuntimeConfig(cpu_offload=False))

@@ -1,4 +1,5 @@
-"""``automodel_cfg``'s checks at their edges (:mod:`nemo_rl_shim.config.settings`), each on the value built for it.
+"""``automodel_cfg``'s and ``nemo_rl_shim``'s checks at their edges (:mod:`nemo_rl_shim.config.settings`), each on
+the value built for it.
 
 The keys accepted and refused, and through ``setup_distributed``: tests/config/test_config.py,
 test_flight_recorder_config.py and test_learned_timeouts_config.py.
@@ -10,7 +11,14 @@ import math
 
 import pytest
 
-from nemo_rl_shim.config.settings import automodel_cfg, flight_recorder, learned_timeouts, minutes_timedelta
+from nemo_rl_shim.config.settings import (
+    automodel_cfg,
+    flight_recorder,
+    knobs,
+    learned_timeouts,
+    minutes_timedelta,
+    shim_cfg,
+)
 
 pytestmark = [pytest.mark.every_lane]
 
@@ -19,6 +27,24 @@ def test_a_role_that_is_not_a_mapping_is_refused() -> None:
     with pytest.raises(ValueError, match=r"^policy must be a mapping, got 5$"):
         automodel_cfg({"policy": 5})
     assert automodel_cfg({"policy": None}) == {}
+    with pytest.raises(ValueError, match=r"^value must be a mapping, got \[1\]$"):
+        shim_cfg({"value": [1]}, "value")
+    assert shim_cfg({"policy": None}) == {} == shim_cfg({"policy": {"nemo_rl_shim": None}})
+
+
+def test_a_moved_key_is_named_as_moved_even_beside_an_unknown_one() -> None:
+    """The move is the more useful word: it is said first, whatever the keys' order."""
+    for block in ({"aaa": 1, "patch_automodel": True}, {"patch_automodel": True, "aaa": 1}):
+        with pytest.raises(ValueError, match=r"^policy\.automodel_cfg\.patch_automodel has moved to "):
+            automodel_cfg({"policy": {"automodel_cfg": block}})
+
+
+def test_knobs_checks_both_blocks_and_keeps_each_value() -> None:
+    config = {"policy": {"automodel_cfg": {"distributed_timeout_minutes": 5}, "nemo_rl_shim": {"bogus": 1}}}
+    with pytest.raises(ValueError, match=r"^policy\.nemo_rl_shim\.bogus is not a nemo_rl_shim key"):
+        knobs(config)
+    config["policy"]["nemo_rl_shim"] = {"patch_automodel": False}
+    assert knobs(config) == {"distributed_timeout_minutes": 5, "patch_automodel": False}
 
 
 @pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan])

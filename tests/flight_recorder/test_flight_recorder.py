@@ -1,7 +1,7 @@
 """Flight Recorder dumps from real stalls on real Gloo ranks, and ``nemo-rl-shim hang-report`` on them.
 
 Three spawned worlds, each once per module (:mod:`tests.ranks.flight_recorder`), through the real
-``setup_distributed`` with ``automodel_cfg.flight_recorder`` on. Start-up timeout 0.2 min (12 s: the
+``setup_distributed`` with ``nemo_rl_shim.flight_recorder`` on. Start-up timeout 0.2 min (12 s: the
 rendezvous runs under it, and ranks importing Automodel on busy cores arrive seconds apart), steady
 0.05 min (3 s), set by ``after_first_step`` before the fault where the fault is not the phase change:
 

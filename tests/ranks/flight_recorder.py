@@ -1,7 +1,7 @@
 """Rank functions for tests/flight_recorder/test_flight_recorder.py: real stalls with the recorder on, Gloo ranks.
 
 Each function runs on every rank started by :func:`nemo_rl_shim.cli.preflight.spawn.spawn_ranks`, goes
-through the real ``setup_distributed`` with ``automodel_cfg.flight_recorder`` on, makes one fault
+through the real ``setup_distributed`` with ``nemo_rl_shim.flight_recorder`` on, makes one fault
 happen, and returns what it saw; the dumps land in ``params["dump_dir"]``. The stalled rank never
 enters the collective and sleeps in Python: its dump comes from the shim's watcher thread, asked
 through the store by the rank that timed out. Ranks meet at the end through the default group's
@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from nemo_rl_shim import flight_recorder
+from nemo_rl_shim.config import blocks
 from nemo_rl_shim.process_groups.registry import named_groups
 from nemo_rl_shim.setup.distributed import RuntimeConfig, setup_distributed
 from nemo_rl_shim.timeouts import after_first_step
@@ -32,13 +33,13 @@ ANSWER_WAIT_S = 20.0
 
 
 def _section(params: dict[str, Any]) -> dict[str, Any]:
-    automodel = {
+    knobs = {
         "distributed_timeout_minutes": params["startup"],
         "flight_recorder": {"enabled": True, "dump_dir": params["dump_dir"], "buffer_size": 200},
     }
     if params.get("steady") is not None:
-        automodel["distributed_timeout_minutes_after_init"] = params["steady"]
-    return {"automodel_cfg": automodel, "dtensor_cfg": {"tensor_parallel_size": params.get("tp", 1)}}
+        knobs["distributed_timeout_minutes_after_init"] = params["steady"]
+    return {**blocks(knobs), "dtensor_cfg": {"tensor_parallel_size": params.get("tp", 1)}}
 
 
 def _wait_for_own_dump(timeout_s: float = _DUMP_WAIT_S) -> bool:

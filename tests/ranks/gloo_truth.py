@@ -3,7 +3,7 @@ Gloo ranks with the recorder on.
 
 Every rank runs the same recipe (JSON, drawn by the parent; its keys are :mod:`tests.harness.hang_truth.gloo_worlds`'s):
 
-1. **Set-up.** The real ``setup_distributed`` with ``automodel_cfg.flight_recorder`` on, the start-up timeout at
+1. **Set-up.** The real ``setup_distributed`` with ``nemo_rl_shim.flight_recorder`` on, the start-up timeout at
    :data:`CONNECT_MIN` (the groups connect and the history runs at it: docs/testing.md, "On a shared machine"), and
    ``tensor_parallel_size`` from the recipe (the DeviceMesh's ``tp`` and ``dp`` groups).
 2. **Families.** A family is a set of disjoint groups: ``default``; ``tp`` and ``dp`` of the DeviceMesh; ``ng``, made
@@ -42,6 +42,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from nemo_rl_shim.config import blocks
 from nemo_rl_shim.flight_recorder import recorder as flight_recorder
 from nemo_rl_shim.flight_recorder.names import SAMPLE_MARK
 from nemo_rl_shim.flight_recorder.stack_watchdog import SAMPLES, progress_path, stack_path
@@ -75,8 +76,8 @@ class _Released(Exception):
 
 def _section(params: dict[str, Any]) -> dict[str, Any]:
     recorder = {"enabled": True, "dump_dir": params["dump_dir"], "buffer_size": 200}
-    automodel = {"distributed_timeout_minutes": CONNECT_MIN, "flight_recorder": recorder}
-    return {"automodel_cfg": automodel, "dtensor_cfg": {"tensor_parallel_size": params["recipe"]["tp"]}}
+    knobs = {"distributed_timeout_minutes": CONNECT_MIN, "flight_recorder": recorder}
+    return {**blocks(knobs), "dtensor_cfg": {"tensor_parallel_size": params["recipe"]["tp"]}}
 
 
 # --- the families ---------------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from automodel_patch._target import MESH_MODULE, MESH_UTILS_MODULE
+from nemo_rl_shim.config import blocks
 
 __all__ = ["one_gpu_mesh", "two_rank_offload"]
 
@@ -76,9 +77,9 @@ def two_rank_offload(params: dict[str, Any]) -> dict[str, Any]:
     from nemo_rl_shim import RuntimeConfig, setup_distributed
 
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-    automodel_cfg = {"distributed_timeout_minutes": TIMEOUT_MINUTES, "patch_automodel": params["patch"]}
+    knobs = {"distributed_timeout_minutes": TIMEOUT_MINUTES, "patch_automodel": params["patch"]}
     context = setup_distributed(
-        {"automodel_cfg": automodel_cfg, "dtensor_cfg": {"cpu_offload": True}}, RuntimeConfig(cpu_offload=True)
+        {**blocks(knobs), "dtensor_cfg": {"cpu_offload": True}}, RuntimeConfig(cpu_offload=True)
     )
     return {
         "default_backend": str(dist.get_backend()),

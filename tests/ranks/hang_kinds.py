@@ -1,6 +1,6 @@
 """Rank functions for tests/hang_report/test_hang_kinds.py: five kinds of hang on 4 real Gloo ranks, recorder on.
 
-Every rank goes through the real ``setup_distributed`` with ``automodel_cfg.flight_recorder`` on (start-up
+Every rank goes through the real ``setup_distributed`` with ``nemo_rl_shim.flight_recorder`` on (start-up
 timeout 0.2 min; 0.05 min, 3 s, once ``after_first_step`` has run after the first step), then runs
 :data:`STEPS` training steps, each inside ``flight_recorder.dump_on_timeout("train step")`` (which also
 watches the block: a rank still in it after the timeout plus ``STACK_GRACE_S`` writes its stack), each
@@ -29,6 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from nemo_rl_shim.config import blocks
 from nemo_rl_shim.flight_recorder import recorder as flight_recorder
 from nemo_rl_shim.setup.distributed import RuntimeConfig, setup_distributed
 from nemo_rl_shim.timeouts import after_first_step
@@ -48,12 +49,12 @@ _MEET_S = 60
 
 def _section(params: dict[str, Any]) -> dict[str, Any]:
     recorder = {"enabled": True, "dump_dir": params["dump_dir"], "buffer_size": 200}
-    automodel = {
+    knobs = {
         "distributed_timeout_minutes": params["startup"],
         "distributed_timeout_minutes_after_init": params["steady"],
         "flight_recorder": recorder,
     }
-    return {"automodel_cfg": automodel, "dtensor_cfg": {"tensor_parallel_size": 1}}
+    return {**blocks(knobs), "dtensor_cfg": {"tensor_parallel_size": 1}}
 
 
 def _python_sleep() -> None:

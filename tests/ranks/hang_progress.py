@@ -1,7 +1,7 @@
 """Rank functions for tests/hang_report/test_hang_kinds_progress.py: a slow rank still working, the same rank
 asleep, and a circular wait across three groups, on real Gloo ranks with the recorder on.
 
-Every rank goes through the real ``setup_distributed`` with ``automodel_cfg.flight_recorder`` on (start-up
+Every rank goes through the real ``setup_distributed`` with ``nemo_rl_shim.flight_recorder`` on (start-up
 timeout as the test gives it, 1 min; then 0.05 min, 3 s, once ``after_first_step`` has run after a first step that
 all-reduces).
 
@@ -30,6 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from nemo_rl_shim.config import blocks
 from nemo_rl_shim.flight_recorder import recorder as flight_recorder
 from nemo_rl_shim.setup.distributed import RuntimeConfig, setup_distributed
 from nemo_rl_shim.timeouts import after_first_step
@@ -55,12 +56,12 @@ _SHARD_CHUNKS = 8
 
 def _section(params: dict[str, Any]) -> dict[str, Any]:
     recorder = {"enabled": True, "dump_dir": params["dump_dir"], "buffer_size": 200}
-    automodel = {
+    knobs = {
         "distributed_timeout_minutes": params["startup"],
         "distributed_timeout_minutes_after_init": params["steady"],
         "flight_recorder": recorder,
     }
-    return {"automodel_cfg": automodel, "dtensor_cfg": {"tensor_parallel_size": 1}}
+    return {**blocks(knobs), "dtensor_cfg": {"tensor_parallel_size": 1}}
 
 
 def _write_shard(path: Path) -> None:

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
 from nemo_rl_shim.audit import audit_groups
+from nemo_rl_shim.config import blocks
 from nemo_rl_shim.process_groups import later
 from nemo_rl_shim.setup.distributed import RuntimeConfig, setup_distributed
 from nemo_rl_shim.timeouts import after_first_step, extended_timeout
@@ -36,12 +37,12 @@ class _BodyFailed(Exception):
 
 
 def _section(startup: float | None, steady: float | None) -> dict[str, Any]:
-    automodel_cfg: dict[str, Any] = {}
+    knobs: dict[str, Any] = {}
     if startup is not None:
-        automodel_cfg["distributed_timeout_minutes"] = startup
+        knobs["distributed_timeout_minutes"] = startup
     if steady is not None:
-        automodel_cfg["distributed_timeout_minutes_after_init"] = steady
-    return {"automodel_cfg": automodel_cfg, "dtensor_cfg": dict(SIZES)}
+        knobs["distributed_timeout_minutes_after_init"] = steady
+    return {**blocks(knobs), "dtensor_cfg": dict(SIZES)}
 
 
 def _replica_group(context: Any) -> ProcessGroup:

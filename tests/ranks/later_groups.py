@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from nemo_rl_shim import flight_recorder
+from nemo_rl_shim.config import blocks
 from nemo_rl_shim.setup.distributed import RuntimeConfig, setup_distributed
 from nemo_rl_shim.timeouts import after_first_step
 from tests.ranks.meet import rank_0_leaves_last
@@ -35,12 +36,12 @@ _STORE_WAIT_S = 60
 
 
 def _section(params: dict[str, Any]) -> dict[str, Any]:
-    automodel = {
+    knobs = {
         "distributed_timeout_minutes": params["startup"],
         "distributed_timeout_minutes_after_init": params["steady"],
         "flight_recorder": {"enabled": True, "dump_dir": params["dump_dir"], "buffer_size": 200},
     }
-    return {"automodel_cfg": automodel, "dtensor_cfg": {"tensor_parallel_size": 2}}
+    return {**blocks(knobs), "dtensor_cfg": {"tensor_parallel_size": 2}}
 
 
 def _sidecar_groups() -> dict[str, list[int]]:

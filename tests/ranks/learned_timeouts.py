@@ -35,7 +35,8 @@ def section(params: dict[str, Any]) -> dict[str, Any]:
     """A ``policy`` section with ``learned_timeouts`` (``params``: startup, factor, min_steps, floor)."""
     learned = {"factor": params["factor"], "min_steps": params["min_steps"], "floor_minutes": params["floor"]}
     return {
-        "automodel_cfg": {"distributed_timeout_minutes": params["startup"], "learned_timeouts": learned},
+        "automodel_cfg": {"distributed_timeout_minutes": params["startup"]},
+        "nemo_rl_shim": {"learned_timeouts": learned},
         "dtensor_cfg": {"tensor_parallel_size": 2},
     }
 

@@ -13,6 +13,7 @@ import warnings
 from typing import Any
 
 from automodel_patch._target import MESH_MODULE, MESH_UTILS_MODULE
+from nemo_rl_shim.config import blocks
 
 __all__ = ["UNSET", "layouts", "legacy_pin", "single_rank_cpu_offload", "unsupported_pair"]
 
@@ -22,10 +23,10 @@ UNSET = "unset"
 
 def _section(timeout: Any, dtensor_cfg: dict[str, Any], patch_automodel: bool = True) -> dict[str, Any]:
     """A NeMo RL policy (or value) section with this timeout and these parallel sizes."""
-    automodel_cfg = {} if timeout == UNSET else {"distributed_timeout_minutes": timeout}
+    knobs = {} if timeout == UNSET else {"distributed_timeout_minutes": timeout}
     if not patch_automodel:
-        automodel_cfg["patch_automodel"] = False
-    return {"automodel_cfg": automodel_cfg, "dtensor_cfg": {"enabled": True, **dtensor_cfg}}
+        knobs["patch_automodel"] = False
+    return {**blocks(knobs), "dtensor_cfg": {"enabled": True, **dtensor_cfg}}
 
 
 def _group_facts(ctx: Any) -> dict[str, dict[str, Any]]:

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
+from nemo_rl_shim.config import blocks
 from nemo_rl_shim.process_groups.registry import backend_timeouts, flattened_axes
 from nemo_rl_shim.setup.distributed import DistributedContext, RuntimeConfig, setup_distributed
 from nemo_rl_shim.timeouts import after_first_step, extended_timeout, run_groups, set_group_timeout
@@ -37,12 +38,12 @@ class _BodyFailed(Exception):
 
 def section(startup: float | None, steady: float | None, *, ep: int = 2) -> dict[str, Any]:
     """A ``policy`` section with both timeout knobs (minutes) and expert parallelism ``ep``."""
-    automodel_cfg: dict[str, Any] = {}
+    knobs: dict[str, Any] = {}
     if startup is not None:
-        automodel_cfg["distributed_timeout_minutes"] = startup
+        knobs["distributed_timeout_minutes"] = startup
     if steady is not None:
-        automodel_cfg["distributed_timeout_minutes_after_init"] = steady
-    return {"automodel_cfg": automodel_cfg, "dtensor_cfg": {"expert_parallel_size": ep}}
+        knobs["distributed_timeout_minutes_after_init"] = steady
+    return {**blocks(knobs), "dtensor_cfg": {"expert_parallel_size": ep}}
 
 
 def mesh_groups(context: DistributedContext) -> dict[str, ProcessGroup]:

@@ -6,7 +6,7 @@ GPU the harvest (``tests/scripts/gpu_harvest.py``) takes its place: the same hel
 dump, and the dump kept as a fixture. Not a pytest file: it needs CUDA and NCCL.
 
 * One GPU (NCCL cannot put two ranks on one device): a one-rank NCCL world through the real
-  ``setup_distributed`` with ``automodel_cfg.flight_recorder`` on and a 0.1 min (6 s) timeout. An
+  ``setup_distributed`` with ``nemo_rl_shim.flight_recorder`` on and a 0.1 min (6 s) timeout. An
   all-reduce is queued behind ``torch.cuda._sleep`` (about 30 s of GPU clock) on the same stream, so
   it cannot finish before the timeout: NCCL's watchdog times it out, and with
   ``TORCH_NCCL_DUMP_ON_TIMEOUT`` (set by the shim) torch writes the dump itself, then aborts the rank.
@@ -55,10 +55,8 @@ def rank(params: dict[str, Any]) -> dict[str, Any]:
     from nemo_rl_shim.setup.distributed import RuntimeConfig, setup_distributed
 
     section = {
-        "automodel_cfg": {
-            "distributed_timeout_minutes": TIMEOUT_MIN,
-            "flight_recorder": {"enabled": True, "dump_dir": params["dump_dir"]},
-        },
+        "automodel_cfg": {"distributed_timeout_minutes": TIMEOUT_MIN},
+        "nemo_rl_shim": {"flight_recorder": {"enabled": True, "dump_dir": params["dump_dir"]}},
         "dtensor_cfg": {},
     }
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))

@@ -86,7 +86,7 @@ def test_dropping_release_under_cpu_offload_applies_keep_cpu_backend(version: st
     (refused,) = _rows(before, timeout=TIMEOUT, cpu_mesh=False, cpu_offload=True, patch_automodel=False)
     assert (refused["action"], refused["patches"]) == (Action.NOT_FORWARDED.value, []), refused
     assert refused["forward_minutes"] is None, refused
-    assert "policy.automodel_cfg.patch_automodel is false" in refused["warning"], refused
+    assert "policy.nemo_rl_shim.patch_automodel is false" in refused["warning"], refused
 
 
 @pytest.mark.parametrize("version", (*FIXED_FUNCTION_RELEASES, *NATIVE, UNKNOWN))

@@ -1,4 +1,4 @@
-"""Learned timeouts (``automodel_cfg.learned_timeouts``) on 4 real Gloo ranks through the real ``setup_distributed``.
+"""Learned timeouts (``nemo_rl_shim.learned_timeouts``) on 4 real Gloo ranks through the real ``setup_distributed``.
 
 One spawn (:func:`tests.ranks.learned_timeouts.learn_and_stall`) whose JSON result every test
 reads: a run that learns its steady value, raises it on one rank after a longer step, runs a slow

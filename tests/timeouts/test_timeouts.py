@@ -163,7 +163,7 @@ def test_extended_timeout_restores_steady_when_body_raises(readings):
         assert _off(rank["after_error"], STEADY_S) == {}
 
 
-# --- end to end: the steady value comes from automodel_cfg through setup_distributed ---------------
+# --- end to end: the steady value comes from nemo_rl_shim through setup_distributed ----------------
 
 
 def test_steady_value_comes_from_config_through_setup_distributed(readings):

@@ -366,3 +366,93 @@ def test_the_preflight_runs_render_as_one_table() -> None:
     text = check.render_markdown({"preflight": {"runs": runs}})
     assert "| unpatched, --cpu-offload | 1 | 1 | `preflight: FAILED: a \\| b` | 36 s |" in text.splitlines(), text
     assert "| patched, SGLang colocated (not judged) | 1 | not judged | `-` | 60 s |" in text.splitlines(), text
+
+
+# --- this project's own keys, in their block beside automodel_cfg ---------------------------------------------------
+
+_DRIVER_SPEC = importlib.util.spec_from_file_location("nemo_rl_driver", REPO_ROOT / "scripts" / "nemo_rl_driver.py")
+assert _DRIVER_SPEC is not None and _DRIVER_SPEC.loader is not None
+driver = importlib.util.module_from_spec(_DRIVER_SPEC)
+_DRIVER_SPEC.loader.exec_module(driver)
+REAL_DRIVER = REPO_ROOT / "tests" / "upstream" / "fixtures" / "nemo_rl_driver"
+
+
+def _shim_results() -> dict[str, Any]:
+    kept = f"accepted: {driver.SHIM_BLOCK!r}"
+    to_worker = f"accepted: {{'worker': 'DTensorPolicyWorkerV2', 'nemo_rl_shim': {driver.SHIM_BLOCK!r}}}"
+    results: dict[str, Any] = {}
+    for tree in ("unpatched", "patched"):
+        shim_keys = {}
+        for label, section in check._SECTION_OF.items():
+            old = "accepted: '<dropped>'"
+            if tree == "patched":
+                old = (
+                    f"refused: ValidationError: {section}.automodel_cfg.patch_automodel | Extra inputs are not "
+                    "permitted [type=extra_forbidden, input_value=True, input_type=bool]"
+                )
+            shim_keys[label] = {driver.SHIM_BESIDE: kept, driver.SHIM_OLD_PLACE: old}
+        results[tree] = {"shim_keys": shim_keys, "policy": {driver.SHIM_TO_WORKER: to_worker}}
+    return results
+
+
+def test_shim_keys_verdict_holds_on_the_shapes_the_driver_writes_and_each_fault_is_named() -> None:
+    assert check.shim_keys_verdict(_shim_results()) == []
+    dropped = _shim_results()  # a TypedDict that drops extra keys: the worker would never see the block
+    dropped["patched"]["shim_keys"]["ppo value"][driver.SHIM_BESIDE] = "accepted: '<dropped>'"
+    assert check.shim_keys_verdict(dropped) == [
+        f"MasterConfig on patched, ppo value, {driver.SHIM_BESIDE}: accepted: '<dropped>'"
+    ]
+    refused = _shim_results()  # a PolicyConfig made extra="forbid" upstream
+    refused["unpatched"]["shim_keys"]["grpo policy"][driver.SHIM_BESIDE] = "refused: ValidationError: policy..."
+    assert len(check.shim_keys_verdict(refused)) == 1
+    let_through = _shim_results()  # the old place accepted by patched NeMo RL: its AutomodelConfig is not forbidding
+    let_through["patched"]["shim_keys"]["distillation teacher"][driver.SHIM_OLD_PLACE] = "accepted: '<dropped>'"
+    assert check.shim_keys_verdict(let_through) == [
+        f"MasterConfig on patched, distillation teacher, {driver.SHIM_OLD_PLACE}: accepted: '<dropped>'"
+    ]
+    wrong_key = _shim_results()  # refused, but for another key than the one moved
+    wrong_key["patched"]["shim_keys"]["grpo policy"][driver.SHIM_OLD_PLACE] = (
+        "refused: ValidationError: policy.automodel_cfg.distributed_timeout_minutes | Input should be ..."
+    )
+    assert len(check.shim_keys_verdict(wrong_key)) == 1
+    no_worker = _shim_results()
+    no_worker["patched"]["policy"][driver.SHIM_TO_WORKER] = "accepted: {'worker': 'DTensorPolicyWorkerV2', ...}"
+    assert len(check.shim_keys_verdict(no_worker)) == 1
+    missing = _shim_results()
+    del missing["unpatched"]
+    assert check.shim_keys_verdict(missing) == ["nemo_rl_shim block: no driver results on unpatched"]
+
+
+def test_shim_keys_verdict_names_a_shim_key_the_driver_does_not_send(monkeypatch: pytest.MonkeyPatch) -> None:
+    from nemo_rl_shim import config as cfg
+
+    monkeypatch.setattr(cfg, "SHIM_CFG_KEYS", (*cfg.SHIM_CFG_KEYS, "a_new_key"))
+    (problem,) = check.shim_keys_verdict(_shim_results())
+    assert problem.startswith("the driver's nemo_rl_shim block has ") and "a_new_key" in problem, problem
+
+
+def test_the_driver_s_shim_block_passes_the_shim_s_own_checks(tmp_path: Path) -> None:
+    """The block NeMo RL is shown is one the shim itself takes: every key known, every value accepted."""
+    from nemo_rl_shim import config as cfg
+
+    block = copy.deepcopy(driver.SHIM_BLOCK)
+    block["flight_recorder"]["dump_dir"] = str(tmp_path)  # checked writable: not the driver's /tmp path
+    section = {"automodel_cfg": {"distributed_timeout_minutes": 45}, "nemo_rl_shim": block}
+    knobs = cfg.knobs({"policy": section})
+    assert set(knobs) == {"distributed_timeout_minutes", *cfg.SHIM_CFG_KEYS}
+    assert cfg.distributed_timeout_minutes_after_init(knobs) == 10.0
+    assert cfg.patch_automodel(knobs) is True
+    assert cfg.flight_recorder(knobs) == cfg.FlightRecorderSettings(tmp_path, 2000)
+    assert cfg.learned_timeouts(knobs) is None
+
+
+def test_real_nemo_rl_takes_the_shim_s_block_and_refuses_the_old_place() -> None:
+    """The driver's output on real NeMo RL 7ea279abf, unpatched and with the series (how made: the fixture's
+    README): both verdicts hold on it."""
+    import json
+
+    results = {tree: json.loads((REAL_DRIVER / f"driver-{tree}.json").read_text()) for tree in ("unpatched", "patched")}
+    assert check.shim_keys_verdict(results) == []
+    assert check.driver_verdict(results["patched"]) == []
+    to_worker = results["patched"]["policy"][driver.SHIM_TO_WORKER]
+    assert to_worker.startswith("accepted: {'worker': 'DTensorPolicyWorkerV2'"), to_worker

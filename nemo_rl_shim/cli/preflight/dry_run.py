@@ -72,6 +72,7 @@ from nemo_rl_shim.cli.preflight.runner import (
     available_memory_mib,
 )
 from nemo_rl_shim.cli.preflight.stuck import past_deadline
+from nemo_rl_shim.config.settings import SHIM_CFG
 from nemo_rl_shim.setup.distributed import ParallelSizes, check_layout, parallel_sizes
 
 __all__ = [
@@ -282,13 +283,13 @@ def _details(
 
 
 def _without_recorder(section: dict[str, Any]) -> dict[str, Any]:
-    """The section with ``automodel_cfg.flight_recorder`` off: a dry run runs no collective, so it has nothing
+    """The section with ``nemo_rl_shim.flight_recorder`` off: a dry run runs no collective, so it has nothing
     to record, and it must write nothing into the run's dump directory."""
-    automodel = section.get("automodel_cfg") or {}
-    recorder = automodel.get("flight_recorder")
+    shim = section.get(SHIM_CFG) or {}
+    recorder = shim.get("flight_recorder")
     if not isinstance(recorder, dict) or not recorder.get("enabled"):
         return section
-    return {**section, "automodel_cfg": {**automodel, "flight_recorder": {**recorder, "enabled": False}}}
+    return {**section, SHIM_CFG: {**shim, "flight_recorder": {**recorder, "enabled": False}}}
 
 
 class DryRunner(Runner):

@@ -132,8 +132,10 @@ def nccl_stood_in_by_gloo(setup: Any) -> Iterator[None]:
         dist.init_process_group, setup.FSDP2Config = real_init, real_fsdp2
 
 
-#: The one ``automodel_cfg`` key NeMo RL reads. Its ``AutomodelConfig`` forbids any other (``extra="forbid"``), so
-#: the shim's own keys (``patch_automodel``...) are left out of what NeMo RL's set-up gets, as in a NeMo RL run.
+#: The one ``automodel_cfg`` key NeMo RL reads. Its ``AutomodelConfig`` forbids any other (``extra="forbid"``); the
+#: shim's own keys live beside it in ``nemo_rl_shim`` (:func:`nemo_rl_shim.config.shim_cfg`), which NeMo RL's set-up
+#: gets untouched, as a NeMo RL worker gets it. Keeping only this key is a guard: the config check before it
+#: already refuses anything else here.
 NEMO_RL_AUTOMODEL_KEYS = ("distributed_timeout_minutes",)
 
 

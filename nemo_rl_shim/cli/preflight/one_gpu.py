@@ -45,6 +45,7 @@ from nemo_rl_shim.cli.preflight.results import (
 )
 from nemo_rl_shim.cli.preflight.runner import Progress, RankPlan, RankRun, Runner
 from nemo_rl_shim.cli.preflight.spawn import RANK_TARGET, RankResult, SpawnRunner, spawn_ranks
+from nemo_rl_shim.config.settings import SHIM_CFG
 from nemo_rl_shim.setup.distributed import check_layout, parallel_sizes
 
 __all__ = [
@@ -115,9 +116,9 @@ def _one_rank_section(section: Mapping[str, Any], cpu_offload: bool) -> dict[str
             dtensor[key] = 1
     dtensor["cpu_offload"] = cpu_offload
     out.pop("generation", None)
-    automodel = out.get("automodel_cfg")
-    if isinstance(automodel, Mapping) and "flight_recorder" in automodel:
-        out["automodel_cfg"] = {key: value for key, value in automodel.items() if key != "flight_recorder"}
+    shim = out.get(SHIM_CFG)
+    if isinstance(shim, Mapping) and "flight_recorder" in shim:
+        out[SHIM_CFG] = {key: value for key, value in shim.items() if key != "flight_recorder"}
     return out
 
 

@@ -37,7 +37,8 @@ __all__ = [
 MIN_RANKS = 2
 DEFAULT_TIMEOUT_S = 300.0
 DEFAULT_SECTION: dict[str, Any] = {
-    "automodel_cfg": {"distributed_timeout_minutes": 45.0, "patch_automodel": True},
+    "automodel_cfg": {"distributed_timeout_minutes": 45.0},
+    cfg.SHIM_CFG: {"patch_automodel": True},
     "dtensor_cfg": {"cpu_offload": True},
 }
 
@@ -76,20 +77,17 @@ class PreflightOptions:
     @property
     def timeout_minutes(self) -> float | None:
         """The configured start-up timeout (``distributed_timeout_minutes``)."""
-        block = cfg.automodel_cfg({self.role: self.section}, self.role)
-        return cfg.distributed_timeout_minutes(block, f"{self.role}.automodel_cfg")
+        return cfg.distributed_timeout_minutes(cfg.knobs({self.role: self.section}, self.role), self.role)
 
     @property
     def timeout_minutes_after_init(self) -> float | None:
         """The configured steady-state timeout (``distributed_timeout_minutes_after_init``)."""
-        block = cfg.automodel_cfg({self.role: self.section}, self.role)
-        return cfg.distributed_timeout_minutes_after_init(block, f"{self.role}.automodel_cfg")
+        return cfg.distributed_timeout_minutes_after_init(cfg.knobs({self.role: self.section}, self.role), self.role)
 
     @property
     def flight_recorder(self) -> cfg.FlightRecorderSettings | None:
-        """The configured Flight Recorder (``automodel_cfg.flight_recorder``), None when off."""
-        block = cfg.automodel_cfg({self.role: self.section}, self.role)
-        return cfg.flight_recorder(block, f"{self.role}.automodel_cfg")
+        """The configured Flight Recorder (``nemo_rl_shim.flight_recorder``), None when off."""
+        return cfg.flight_recorder(cfg.knobs({self.role: self.section}, self.role), self.role)
 
     def rank_params(self) -> RankParams:
         """What every rank's :func:`~nemo_rl_shim.cli.preflight.rank_checks.check_rank` receives."""
@@ -98,7 +96,8 @@ class PreflightOptions:
         )
 
 
-_AUTOMODEL_OVERRIDES = {
+#: The flags that set a knob: flag -> key (:func:`nemo_rl_shim.config.full_key` says which block holds it).
+_KNOB_OVERRIDES = {
     "timeout_minutes": "distributed_timeout_minutes",
     "timeout_minutes_after_init": "distributed_timeout_minutes_after_init",
     "flight_recorder": "flight_recorder",  # --flight-recorder DIR: {enabled: true, dump_dir: DIR}
@@ -148,31 +147,33 @@ def ranks_for_world(options: PreflightOptions, capacity: int, here: str) -> int 
 
 def _apply_flags(section: dict[str, Any], role: cfg.Role, overrides: Mapping[str, Any], patch: bool) -> bool:
     """The flags' ``overrides`` written into ``section`` (in place), then the section checked; its ``cpu_offload``."""
-    cfg.automodel_cfg({role: section}, role)  # a mapping of known keys (the flags add only known ones)
-    automodel = section["automodel_cfg"] = dict(section.get("automodel_cfg") or {})
+    cfg.knobs({role: section}, role)  # both blocks hold only known keys (the flags add only known ones)
+    blocks = {name: dict(section.get(name) or {}) for name in ("automodel_cfg", cfg.SHIM_CFG)}
+    section.update(blocks)
     dtensor = section["dtensor_cfg"] = dict(section.get("dtensor_cfg") or {})
     for key, value in overrides.items():
         if value is None:
             continue
-        if key in _AUTOMODEL_OVERRIDES:
-            automodel[_AUTOMODEL_OVERRIDES[key]] = value
+        if key in _KNOB_OVERRIDES:
+            knob = _KNOB_OVERRIDES[key]
+            blocks[cfg.block_of(knob)][knob] = value
         elif key in _DTENSOR_OVERRIDES:
             dtensor[_DTENSOR_OVERRIDES[key]] = value
         else:
             raise ValueError(f"unknown preflight override {key!r}")
     if not patch:
-        automodel["patch_automodel"] = False
-    where = f"{role}.automodel_cfg"
-    steady = cfg.distributed_timeout_minutes_after_init(automodel, where)  # checks the start-up value too
-    cfg.patch_automodel(automodel, where)
-    cfg.flight_recorder(automodel, where)  # makes the dump directory and checks it is writable
-    cfg.learned_timeouts(automodel, where)
+        blocks[cfg.SHIM_CFG]["patch_automodel"] = False
+    automodel, knobs = blocks["automodel_cfg"], cfg.knobs({role: section}, role)
+    steady = cfg.distributed_timeout_minutes_after_init(knobs, role)  # checks the start-up value too
+    cfg.patch_automodel(knobs, role)
+    cfg.flight_recorder(knobs, role)  # makes the dump directory and checks it is writable
+    cfg.learned_timeouts(knobs, role)
     sizes = parallel_sizes(dtensor, f"{role}.dtensor_cfg")
     # One read of every number (nemo_rl_shim.config.numbers): the plain values checked are the ones every rank gets.
-    for key, value in (("distributed_timeout_minutes", cfg.distributed_timeout_minutes(automodel, where)),
-                       ("distributed_timeout_minutes_after_init", steady)):  # fmt: skip
-        if automodel.get(key) is not None:
-            automodel[key] = value
+    if automodel.get("distributed_timeout_minutes") is not None:
+        automodel["distributed_timeout_minutes"] = cfg.distributed_timeout_minutes(knobs, role)
+    if steady is not None:
+        blocks[cfg.SHIM_CFG]["distributed_timeout_minutes_after_init"] = steady
     for flag, key in _DTENSOR_OVERRIDES.items():
         if flag != "cpu_offload" and dtensor.get(key) is not None:
             dtensor[key] = getattr(sizes, flag)
@@ -182,7 +183,8 @@ def _apply_flags(section: dict[str, Any], role: cfg.Role, overrides: Mapping[str
     return cpu_offload
 
 
-#: The ``automodel_cfg`` keys only the shim's set-up reads: NeMo RL's own set-up cannot be checked against them.
+#: The ``nemo_rl_shim`` keys that change what a set-up does: NeMo RL's own set-up reads none of them, so it cannot be
+#: checked against them (``patch_automodel`` only says whether the shim may patch; NeMo RL's never does).
 _SHIM_ONLY_KEYS = ("distributed_timeout_minutes_after_init", "learned_timeouts", "flight_recorder")
 
 
@@ -198,12 +200,12 @@ def _check_setup(setup: str, section: Mapping[str, Any], role: cfg.Role, deadlin
     missing = nemo_rl_missing(timeout_s=deadline - time.monotonic())
     if missing is not None:
         raise ValueError(missing)
-    automodel = section.get("automodel_cfg") or {}
+    shim = section.get(cfg.SHIM_CFG) or {}
     for key in _SHIM_ONLY_KEYS:
-        value = automodel.get(key)
+        value = shim.get(key)
         if value is not None and not (key == "flight_recorder" and not value.get("enabled")):
             raise ValueError(
-                f"{role}.automodel_cfg.{key} is {value!r}, but --setup nemo-rl runs NeMo RL's own set-up, which reads "
+                f"{cfg.full_key(role, key)} is {value!r}, but --setup nemo-rl runs NeMo RL's own set-up, which reads "
                 "only distributed_timeout_minutes: remove the key (or its flag), or check the shim's set-up "
                 "(--setup shim)"
             )
@@ -253,7 +255,7 @@ def build_options(
 
     ``overrides`` keys: ``timeout_minutes``, ``timeout_minutes_after_init``, ``cpu_offload``,
     ``tp``, ``cp``, ``ep``, ``dp_replicate``; None values are ignored. ``patch=False`` sets
-    ``automodel_cfg.patch_automodel: false``. Everything is validated here, before any rank
+    ``nemo_rl_shim.patch_automodel: false``. Everything is validated here, before any rank
     starts; errors are ``ValueError`` naming the key and the value. ``setup`` (``--setup``): the shim's set-up,
     or NeMo RL's own, refused where NeMo RL is not importable and with keys only the shim reads.
 

@@ -152,10 +152,9 @@ def _cuda_device() -> int:
 
 def _configured(params: RankParams) -> tuple[datetime.timedelta | None, datetime.timedelta | None]:
     """The section's start-up and steady-state timeouts (validated before any rank started), or None."""
-    where = f"{params.role}.automodel_cfg"
-    block = cfg.automodel_cfg({params.role: params.section}, params.role)  # type: ignore[dict-item]
-    startup = cfg.distributed_timeout_minutes(block, where)
-    steady = cfg.distributed_timeout_minutes_after_init(block, where)
+    knobs = cfg.knobs({params.role: params.section}, params.role)  # type: ignore[dict-item]
+    startup = cfg.distributed_timeout_minutes(knobs, params.role)
+    steady = cfg.distributed_timeout_minutes_after_init(knobs, params.role)
     return (
         None if startup is None else datetime.timedelta(minutes=startup),
         None if steady is None else datetime.timedelta(minutes=steady),

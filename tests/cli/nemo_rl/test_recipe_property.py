@@ -9,7 +9,9 @@ options, then a dry run on torch's fake backend). Hypothesis draws what the file
   ones too), and interpolations: of a key (relative ones too), NeMo RL's resolvers (``add``, ``mul``, ``div``,
   ``max``), OmegaConf's (``oc.env``, ``oc.select``), an unknown resolver, a string doubling, a malformed ``${``;
 * a ``policy`` section whose ``distributed_timeout_minutes`` is a number, null, mandatory, a string or an
-  interpolation, so that some examples reach the dry run and end 0 or 1;
+  interpolation, so that some examples reach the dry run and end 0 or 1; beside it, sometimes one of the shim's own
+  keys (``patch_automodel``, ``distributed_timeout_minutes_after_init``) in ``nemo_rl_shim``, or in its old place
+  inside ``automodel_cfg``, which is refused naming the old and the new key;
 * sometimes an interpolation bomb (8 to 22 levels) or an alias bomb.
 
 Every example must end with exit 0, 1 or 2 within :data:`EXAMPLE_S`, never a traceback; standard output is one JSON
@@ -98,8 +100,14 @@ def recipe_file(draw: st.DrawFn, index: int, files: int) -> str:
         lines.append(f"{draw(key)}: *undefined")
     if index == 0 or draw(st.booleans()):
         v2 = draw(st.sampled_from(["true", "false", "null"]))  # false or null: a job off the checked path, exit 1
+        # The shim's own keys: in their block, in their old place inside automodel_cfg (refused), or absent.
+        shim_key = draw(st.sampled_from(["", "patch_automodel", "distributed_timeout_minutes_after_init"]))
+        shim_value = draw(scalar if shim_key == "patch_automodel" else timeout)
+        old_place = bool(shim_key) and draw(st.integers(0, 3)) == 3
+        moved = f", {shim_key}: {shim_value}" if old_place else ""
+        shim = f", nemo_rl_shim: {{{shim_key}: {shim_value}}}" if shim_key and not old_place else ""
         lines.append(f"policy: {{dtensor_cfg: {{_v2: {v2}, cpu_offload: false}}, automodel_cfg: "
-                     f"{{distributed_timeout_minutes: {draw(timeout)}}}}}")  # fmt: skip
+                     f"{{distributed_timeout_minutes: {draw(timeout)}{moved}}}{shim}}}")  # fmt: skip
     return "\n".join(line for line in lines if line) + "\n"
 
 
@@ -153,6 +161,8 @@ def test_every_recipe_ends_in_a_defined_exit(texts: dict[str, str], capfd: pytes
             event(f"interpolation bomb, exit {code}" + (", its CPU budget" if "s of CPU" in err else ""))
         if code == 2:
             event("refused: " + err.strip().splitlines()[-1].split("yaml: ")[-1][:70])
+        if " has moved to policy.nemo_rl_shim." in err:
+            event("a shim key in its old place, refused")
         _check(code, out, err, folder, seconds, said)
     finally:
         shutil.rmtree(folder, ignore_errors=True)

@@ -287,7 +287,7 @@ def test_flight_recorder_is_off_in_a_dry_run_and_nothing_is_written(
     before = _state()
     code, report, err = _run(capfd, "--config", config, "--json", "--world", "8", "--flight-recorder", str(dump_dir))
     assert code == 0, err[-3000:]
-    assert report["section"]["automodel_cfg"]["flight_recorder"]["enabled"] is True  # what the real run will do
+    assert report["section"]["nemo_rl_shim"]["flight_recorder"]["enabled"] is True  # what the real run will do
     assert not dump_dir.exists() or not any(dump_dir.iterdir()), sorted(p.name for p in dump_dir.iterdir())
     assert _state() == before
 
@@ -341,6 +341,21 @@ def test_an_unknown_automodel_cfg_key_is_refused_with_json_on_stdout(
     assert code == 2, err[-3000:]
     assert report["ok"] is False and report["exit_code"] == 2, report
     assert report["problem"].startswith(f"policy.automodel_cfg.{key} is not an automodel_cfg key (known: "), report
+    assert err.strip().splitlines()[-1] == f"preflight: {report['problem']}"
+
+
+def test_a_shim_key_in_its_old_place_is_refused_naming_the_new_one_with_json_on_stdout(
+    config: str, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A recipe written before the move: exit 2, one line naming the old key, the new key and the value."""
+    old = "++policy.automodel_cfg.distributed_timeout_minutes_after_init=10"
+    code, report, err = _run(capfd, "--config", config, "--json", old)
+    assert code == 2, err[-3000:]
+    assert report["problem"] == (
+        "policy.automodel_cfg.distributed_timeout_minutes_after_init has moved to "
+        "policy.nemo_rl_shim.distributed_timeout_minutes_after_init (NeMo RL's automodel_cfg holds only "
+        "distributed_timeout_minutes and refuses any other key), got 10"
+    ), report
     assert err.strip().splitlines()[-1] == f"preflight: {report['problem']}"
 
 

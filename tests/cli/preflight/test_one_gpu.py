@@ -166,7 +166,8 @@ def test_the_gpu_rank_gets_a_one_rank_world_of_the_section(tmp_path) -> None:
     section = plan.params.section
     assert plan.device == "cuda" and plan.env == {}
     assert section["dtensor_cfg"]["tensor_parallel_size"] == 1, section
-    assert "flight_recorder" not in section["automodel_cfg"], section
+    assert "flight_recorder" not in section["nemo_rl_shim"], section
+    assert options.section["nemo_rl_shim"]["flight_recorder"] == recorder, "the CPU ranks keep their recorder"
     assert (plan.params.stall_rank, plan.params.stall_s) == (None, 0.0)
     assert options.section["dtensor_cfg"]["tensor_parallel_size"] == 2, "the CPU ranks' section is left as it was"
     assert plan_gpu_rank(options, rehearsal=True).env == {"CUDA_VISIBLE_DEVICES": ""}

@@ -43,7 +43,8 @@ RUN_TIMEOUT_S = 420  # bound on each launched command; ranks import torch + Auto
 PPO_YAML = (
     "policy:\n  automodel_cfg:\n    distributed_timeout_minutes: 99\n"
     "value:\n  automodel_cfg:\n    distributed_timeout_minutes: {startup}\n"
-    "    distributed_timeout_minutes_after_init: {steady}\n  dtensor_cfg:\n    _v2: true\n    cpu_offload: true\n"
+    "  nemo_rl_shim:\n    distributed_timeout_minutes_after_init: {steady}\n"
+    "  dtensor_cfg:\n    _v2: true\n    cpu_offload: true\n"
 )
 STARTUP_MIN, STEADY_MIN = 40.0, 10.0  # not 30: that is gloo's default and would prove nothing
 
@@ -224,7 +225,7 @@ def test_no_patch_on_0_7_0_leaves_cpu_subgroups_at_gloo_default_and_every_rank_f
 def test_build_options_default_is_45_minutes_cpu_offload_patch_on():
     options = preflight.build_options()
     assert (options.timeout_minutes, options.timeout_minutes_after_init, options.cpu_offload) == (45.0, None, True)
-    assert options.section["automodel_cfg"]["patch_automodel"] is True
+    assert options.section["nemo_rl_shim"]["patch_automodel"] is True
     assert preflight.build_options().section is not DEFAULT_SECTION
 
 
@@ -237,7 +238,8 @@ def test_build_options_flags_override_the_config_section(tmp_path):
         str(config), overrides={"timeout_minutes": 60, "cpu_offload": False, "cp": 2, "tp": None}, patch=False
     )
     assert options.section == {
-        "automodel_cfg": {"distributed_timeout_minutes": 60, "patch_automodel": False},
+        "automodel_cfg": {"distributed_timeout_minutes": 60},
+        "nemo_rl_shim": {"patch_automodel": False},
         "dtensor_cfg": {"tensor_parallel_size": 2, "context_parallel_size": 2, "cpu_offload": False},
     }
     assert options.cpu_offload is False
@@ -247,7 +249,11 @@ def test_build_options_flags_override_the_config_section(tmp_path):
     ("kwargs", "message"),
     [
         ({"overrides": {"timeout_minutes": 0}}, "policy.automodel_cfg.distributed_timeout_minutes must be a positive"),
-        ({"overrides": {"timeout_minutes_after_init": 50}}, "must not exceed policy.automodel_cfg.distributed_timeout"),
+        (
+            {"overrides": {"timeout_minutes_after_init": 50}},
+            "policy.nemo_rl_shim.distributed_timeout_minutes_after_init must not exceed "
+            "policy.automodel_cfg.distributed_timeout_minutes",
+        ),
         ({"overrides": {"tp": 0}}, "policy.dtensor_cfg.tensor_parallel_size must be a positive integer, got 0"),
         ({"nproc": 1}, "--nproc must be at least 2, got 1"),
         ({"timeout_s": 0}, "--timeout-s must be a positive number of seconds, got 0"),

@@ -160,7 +160,7 @@ def test_the_nemo_rl_set_up_is_refused_with_a_dry_run_and_with_keys_only_the_shi
         "choose one"
     )
     assert _refused(capfd, "--setup", "nemo-rl", "--timeout-minutes-after-init", "10") == (
-        "policy.automodel_cfg.distributed_timeout_minutes_after_init is 10.0, but --setup nemo-rl runs NeMo RL's own "
+        "policy.nemo_rl_shim.distributed_timeout_minutes_after_init is 10.0, but --setup nemo-rl runs NeMo RL's own "
         "set-up, which reads only distributed_timeout_minutes: remove the key (or its flag), or check the shim's "
         "set-up (--setup shim)"
     )
