@@ -29,12 +29,14 @@ and the progress judged from them.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from nemo_rl_shim.hang_report.analysis import CANNOT_TELL, Analysis, Finding
+from nemo_rl_shim.hang_report.cascade import chain_of
 from nemo_rl_shim.hang_report.cycles import Cycle, find_cycle
 from nemo_rl_shim.hang_report.progress import Progress
 from nemo_rl_shim.hang_report.rank_lists import ranks_json
@@ -323,4 +325,20 @@ def classify(analysis: Analysis, stacks: Mapping[int, RankStack], progress: Mapp
         cycle = find_cycle(wrong, analysis.dumps)
         if cycle is not None:
             return _circular(cycle, first, stacks, progress)
-    return _of_finding(first, stacks, progress)
+    chain = chain_of(first, analysis.findings, analysis.dumps)
+    root = chain[-1]
+    kind = _cannot_tell([root], stacks, progress) if root.kind in CANNOT_TELL else _of_finding(root, stacks, progress)
+    return _cascaded(chain, kind)
+
+
+def _cascaded(chain: Sequence[Finding], kind: Kind) -> Kind:
+    """The root's kind, its line saying who waits on it where the finding acted on was a cascade's step
+    (:mod:`.cascade`)."""
+    if len(chain) < 2:
+        return kind
+    first = chain[0]
+    verb = "waits" if len(first.waiting) == 1 else "wait"
+    on = f"; {_ranks(first.waiting)} {verb} on it in {first.op} #{first.seq} on {first.group.label}"
+    steps = [{"kind": f.kind, "group": f.group.name, "op": f.op, "seq": f.seq, "ranks": list(f.ranks),
+              "waiting": list(f.waiting)} for f in chain]  # fmt: skip
+    return dataclasses.replace(kind, body=kind.body + on, evidence={**kind.evidence, "cascade": steps})
