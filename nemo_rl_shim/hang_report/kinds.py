@@ -40,6 +40,7 @@ from nemo_rl_shim.hang_report.cascade import chain_of
 from nemo_rl_shim.hang_report.cycles import Cycle, find_cycle
 from nemo_rl_shim.hang_report.progress import Progress
 from nemo_rl_shim.hang_report.rank_lists import ranks_json
+from nemo_rl_shim.hang_report.receivers import senders_only
 from nemo_rl_shim.hang_report.stacks import RankStack
 from nemo_rl_shim.hang_report.suggest import Suggestion, longer_timeout
 from nemo_rl_shim.hang_report.where import did_not_enter, finding_line, stalled_line
@@ -206,7 +207,22 @@ def _never_came(finding: Finding, stacks: Mapping[int, RankStack], progress: Map
 
 
 def _of_finding(finding: Finding, stacks: Mapping[int, RankStack], progress: Mapping[int, Progress]) -> Kind:
-    """The kind of the first finding."""
+    """The kind of the first finding (a stall's ranks in a receive set apart: :mod:`.receivers`)."""
+    receiving: dict = {}
+    if finding.kind == "stall":
+        finding, receiving = senders_only(finding, stacks)
+    kind = _of_named(finding, stacks, progress)
+    if not receiving:
+        return kind
+    verb = "waits" if len(receiving) == 1 else "wait"
+    where = ", ".join(f"rank {r} in {f.function} at {_place(stacks[r])}" for r, f in sorted(receiving.items()))
+    note = f"; {_ranks(sorted(receiving))} {verb} for a send, not the culprit{'s' * (len(receiving) > 1)}: {where}"
+    evidence = {**kind.evidence, "receiving": sorted(receiving)}
+    return dataclasses.replace(kind, body=kind.body + note, evidence=evidence)
+
+
+def _of_named(finding: Finding, stacks: Mapping[int, RankStack], progress: Mapping[int, Progress]) -> Kind:
+    """The kind of ``finding``, as it names its ranks."""
     body = finding_line(finding, stacks, progress)
     evidence = _evidence(finding, stacks, progress)
     who, ranks = _ranks(finding.ranks), tuple(finding.ranks)
