@@ -120,6 +120,7 @@ def test_a_tenth_of_a_core_is_working_and_less_is_not() -> None:
 def test_a_task_runnable_at_every_sample_is_working_however_little_cpu_a_loaded_host_gave_it() -> None:
     """#42's seed 1085: a computing rank got 7% of a core at a load of 20, its stack on one line, its thread ``R`` at
     all 3 samples. Runnable throughout is computing; one sample asleep (``S``) and it is not."""
+
     def runnable(cpu: float, state: str = "R") -> Counters:
         return Counters(cpu, state, {})
 
