@@ -19,10 +19,10 @@ seen already (a circle is :mod:`.cycles`'s, looked for before). A rank is held i
   lists it among its waiting ranks; for a collective, :func:`.cycles.blocked_in`: its newest op, or unfinished on a
   recorder that marks completion);
 * or it entered a collective that no member is known to have finished (``unconfirmed``), that op is its newest, and
-  its ``pg_status`` does not count it as ended (``last_completed_collective`` below its number:
-  ``docs/recorder-semantics.md`` L-PG-STATUS; Gloo's counts a collective that timed out too, G-RETIRE, so a Gloo rank
-  that left its last collective is not held there). The root is then what cannot be told, never a rank guessed.
-  Where the dump has no status for the group, the rank is not held (the walk stops, as before).
+  its NCCL recorder's ``pg_status`` does not count it as ended (``last_completed_collective`` below its number:
+  ``docs/recorder-semantics.md`` L-PG-STATUS, H-PG-STATUS). The root is then what cannot be told, never a rank
+  guessed. Where the dump has no status for the group, or the recorder is Gloo's (:data:`_STATUS_OF_NCCL`), the rank
+  is not held (the walk stops, as before).
 
 A rank named by the wait and held nowhere else stops the walk: it may well never have come, and naming it is the
 answer. The walk's steps are kept (:func:`chain_of`), so that the line can say who waits on the root.
@@ -39,6 +39,11 @@ from nemo_rl_shim.hang_report.records import Entry, RankDump
 __all__ = ["WAITS", "chain_of", "held_in", "root_of"]
 
 _PAIR = "send/recv"  # the op of a finding on a send and its receive (:mod:`.analysis`)
+#: The recorders whose ``pg_status`` a held rank is judged by: legacy NCCL's (L-PG-STATUS) and NCCL2's hook's
+#: (H-PG-STATUS: it counts ``op_id``\s, which run ahead of the collective's number, so the comparison can only say
+#: "not ended" of an op that ended: "cannot tell", never a rank named). Gloo's is left out: it counts ``op_id``\s too,
+#: a collective that timed out as ended (G-RETIRE, G-PG-STATUS), and its dumps are judged as before.
+_STATUS_OF_NCCL = ("nccl", "nccl2")
 #: Finding kinds that are a wait on the ranks they name: the ones a cascade is followed from.
 WAITS = ("stall", "p2p")
 
@@ -49,7 +54,7 @@ def _holds(finding: Finding, rank: int, dumps: Mapping[int, RankDump]) -> bool:
         return rank in finding.ranks and _stopped_at(dumps.get(rank), _its_op(finding, rank, dumps.get(rank)))
     if finding.kind == "unconfirmed":  # its newest op, which its recorder's status does not count as ended
         entry, dump = finding.group.entries.get(rank), dumps.get(rank)
-        if rank not in finding.ranks or entry is None or dump is None:
+        if rank not in finding.ranks or entry is None or dump is None or entry.lib not in _STATUS_OF_NCCL:
             return False
         return blocked_in(dumps, rank, finding.group, finding.seq) and pg_status_counts_done(dump, entry) is False
     if rank not in finding.waiting:

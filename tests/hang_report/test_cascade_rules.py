@@ -144,6 +144,15 @@ def test_a_rank_in_a_collective_its_status_does_not_count_ended_is_cannot_tell_n
 
 @pytest.mark.parametrize("status", [None, {"last_completed_collective": 2}], ids=["no status", "counted ended"])
 def test_a_rank_whose_status_counts_its_op_ended_or_says_nothing_is_not_held_there(status: dict | None) -> None:
-    """G-RETIRE: Gloo counts a collective that timed out as completed; a rank that left it is not held in it."""
     findings, dumps = _unconfirmed(status)
+    assert _kind(findings, dumps) == ("never_came", (4,))
+
+
+def test_a_gloo_ranks_status_holds_it_nowhere() -> None:
+    """G-RETIRE, G-PG-STATUS: Gloo's status counts op_ids and a collective that timed out as ended; its dumps are
+    judged as before: the rank the others wait on is named."""
+    findings, dumps = _unconfirmed({"last_completed_collective": 1})
+    TP.entries.update({r: entry("tp", 2, lib="gloo") for r in TP.ranks})
+    for r in TP.ranks:
+        dumps[r] = dump(r, TP.entries[r], recorder=GLOO, lib="gloo", pg_status={"tp": {"last_completed_collective": 1}})
     assert _kind(findings, dumps) == ("never_came", (4,))
