@@ -30,10 +30,12 @@ through :mod:`.safe_pickle` and :mod:`nemo_rl_shim.untrusted.files`, bounded by 
 reported on), :mod:`.group_members` (a group's members as a record lists them), :mod:`.group_identity` (a group is
 its rank set, whatever its name), :mod:`.field_checks` (every field checked, before a healthy verdict),
 :mod:`.records` (the typed records), :mod:`.world` (the run's ranks, from records or ``world=``), :mod:`.analysis`
-(who did not join), :mod:`.cycles` (circular waits), :mod:`.kinds` (the kind of failure), :mod:`.progress` (still
-working or not, from stack samples and counters), :mod:`.early_line` (the first line from each rank's newest entries,
-read by :mod:`.newest_entries`), :mod:`.torch_analyzer` (torch's analyzer, one line whatever it does),
-:mod:`.stacks` (the stack files), :mod:`.where` (the first line, with places) and :mod:`.render` (text and JSON).
+(who did not join), :mod:`.cycles` (circular waits), :mod:`.cascade` (a cascade followed to its root), :mod:`.kinds`
+(the kind of failure), :mod:`.progress` (still working or not, from stack samples and counters), :mod:`.early_line`
+(the first line from each rank's newest entries, read by :mod:`.newest_entries`), :mod:`.torch_analyzer` (torch's
+analyzer, one line whatever it does), :mod:`.stacks` (the stack files), :mod:`.receivers`
+(a rank in a receive is waiting), :mod:`.where` (the first line, with places)
+and :mod:`.render` (text and JSON).
 
 **One run.** A folder may hold several runs' dumps (torch's default prefix is shared by every job on a node; a
 restart writes where the last run wrote). The report is about one run, proved (:mod:`.run_split`): the run

@@ -35,7 +35,7 @@ from nemo_rl_shim.hang_report.analysis import Finding, GroupState
 from nemo_rl_shim.hang_report.records import RankDump
 from nemo_rl_shim.one_line.rank_ranges import format_ranks
 
-__all__ = ["Cycle", "Wait", "find_cycle", "waits"]
+__all__ = ["Cycle", "Wait", "blocked_in", "find_cycle", "waits"]
 
 _OPPOSITE = {"send": "recv", "recv": "send"}
 
@@ -91,7 +91,7 @@ def _ranks(ranks: Sequence[int]) -> str:
     return f"rank{'s' * (len(ranks) > 1)} {format_ranks(ranks)}"
 
 
-def _blocked(dumps: Mapping[int, RankDump], rank: int, group: GroupState, seq: int) -> bool:
+def blocked_in(dumps: Mapping[int, RankDump], rank: int, group: GroupState, seq: int) -> bool:
     """Whether ``rank`` is still in ``group``'s collective ``seq``: its newest op, or one its recorder marks
     unfinished."""
     entry = group.entries.get(rank)
@@ -109,7 +109,7 @@ def waits(findings: Iterable[Finding], dumps: Mapping[int, RankDump]) -> list[Wa
     found = []
     for f in findings:
         if f.kind == "stall":
-            waiting, op = tuple(r for r in f.waiting if _blocked(dumps, r, f.group, f.seq)), f.op
+            waiting, op = tuple(r for r in f.waiting if blocked_in(dumps, r, f.group, f.seq)), f.op
         elif f.kind == "p2p":
             # each waited in an unfinished send or recv toward the rank named, which did not post the other side
             # (the finding's op): the first waiting rank's op is the other side's opposite

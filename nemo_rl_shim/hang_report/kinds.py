@@ -29,15 +29,18 @@ and the progress judged from them.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from nemo_rl_shim.hang_report.analysis import CANNOT_TELL, Analysis, Finding
+from nemo_rl_shim.hang_report.cascade import chain_of
 from nemo_rl_shim.hang_report.cycles import Cycle, find_cycle
 from nemo_rl_shim.hang_report.progress import Progress
 from nemo_rl_shim.hang_report.rank_lists import ranks_json
+from nemo_rl_shim.hang_report.receivers import senders_only
 from nemo_rl_shim.hang_report.stacks import RankStack
 from nemo_rl_shim.hang_report.suggest import Suggestion, longer_timeout
 from nemo_rl_shim.hang_report.where import did_not_enter, finding_line, stalled_line
@@ -204,7 +207,22 @@ def _never_came(finding: Finding, stacks: Mapping[int, RankStack], progress: Map
 
 
 def _of_finding(finding: Finding, stacks: Mapping[int, RankStack], progress: Mapping[int, Progress]) -> Kind:
-    """The kind of the first finding."""
+    """The kind of the first finding (a stall's ranks in a receive set apart: :mod:`.receivers`)."""
+    receiving: dict = {}
+    if finding.kind == "stall":
+        finding, receiving = senders_only(finding, stacks)
+    kind = _of_named(finding, stacks, progress)
+    if not receiving:
+        return kind
+    verb = "waits" if len(receiving) == 1 else "wait"
+    where = ", ".join(f"rank {r} in {f.function} at {_place(stacks[r])}" for r, f in sorted(receiving.items()))
+    note = f"; {_ranks(sorted(receiving))} {verb} for a send, not the culprit{'s' * (len(receiving) > 1)}: {where}"
+    evidence = {**kind.evidence, "receiving": sorted(receiving)}
+    return dataclasses.replace(kind, body=kind.body + note, evidence=evidence)
+
+
+def _of_named(finding: Finding, stacks: Mapping[int, RankStack], progress: Mapping[int, Progress]) -> Kind:
+    """The kind of ``finding``, as it names its ranks."""
     body = finding_line(finding, stacks, progress)
     evidence = _evidence(finding, stacks, progress)
     who, ranks = _ranks(finding.ranks), tuple(finding.ranks)
@@ -323,4 +341,20 @@ def classify(analysis: Analysis, stacks: Mapping[int, RankStack], progress: Mapp
         cycle = find_cycle(wrong, analysis.dumps)
         if cycle is not None:
             return _circular(cycle, first, stacks, progress)
-    return _of_finding(first, stacks, progress)
+    chain = chain_of(first, analysis.findings, analysis.dumps)
+    root = chain[-1]
+    kind = _cannot_tell([root], stacks, progress) if root.kind in CANNOT_TELL else _of_finding(root, stacks, progress)
+    return _cascaded(chain, kind)
+
+
+def _cascaded(chain: Sequence[Finding], kind: Kind) -> Kind:
+    """The root's kind, its line saying who waits on it where the finding acted on was a cascade's step
+    (:mod:`.cascade`)."""
+    if len(chain) < 2:
+        return kind
+    first = chain[0]
+    verb = "waits" if len(first.waiting) == 1 else "wait"
+    on = f"; {_ranks(first.waiting)} {verb} on it in {first.op} #{first.seq} on {first.group.label}"
+    steps = [{"kind": f.kind, "group": f.group.name, "op": f.op, "seq": f.seq, "ranks": list(f.ranks),
+              "waiting": list(f.waiting)} for f in chain]  # fmt: skip
+    return dataclasses.replace(kind, body=kind.body + on, evidence={**kind.evidence, "cascade": steps})

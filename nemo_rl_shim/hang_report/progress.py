@@ -7,7 +7,10 @@ helper process, its CPU time and I/O counters at each (:mod:`.counters`). Betwee
 * **CPU grew**: the thread that armed the block (the process, where the thread's counters are missing) spent at
   least :data:`MIN_CPU_SHARE` of the time between the samples on a CPU;
 * **bytes grew**: it read or wrote at least :data:`MIN_BYTES` (``rchar``/``wchar``, or the storage layer's
-  ``read_bytes``/``write_bytes``).
+  ``read_bytes``/``write_bytes``);
+* **runnable throughout**: the same task's state read :data:`RUNNABLE` at every counter sample (two or more): it
+  was computing, on a host too loaded to give it :data:`MIN_CPU_SHARE` (a rank asleep, or waiting on a lock, a
+  socket or a peer, reads ``S``; one in the kernel's I/O wait, ``D``).
 
 Counter samples less than :data:`MIN_SPAN_S` apart tell nothing.
 
@@ -34,6 +37,7 @@ __all__ = [
     "MIN_CPU_SHARE",
     "MIN_SPAN_S",
     "NOT_WORKING",
+    "RUNNABLE",
     "WORKING",
     "Progress",
     "judge",
@@ -46,6 +50,9 @@ MIN_CPU_SHARE = 0.10
 #: Bytes read or written between the first and the last counter sample that count as working (a log line or two
 #: does not).
 MIN_BYTES = 64 * 1024
+#: The state letter of a task on a CPU or waiting for one (``/proc/<pid>/task/<tid>/stat``'s third field, ``R``):
+#: where every counter sample reads it, the task was computing, however small the share of CPU a loaded host gave it.
+RUNNABLE = "R"
 #: Counter samples closer together than this judge nothing (a helper that started late and sampled at once).
 MIN_SPAN_S = 0.25
 
@@ -133,6 +140,8 @@ def _evidence(stack: RankStack, samples: Sequence[CounterSample]) -> dict[str, A
     found.update(of=of, cpu_s=cpu, read=read, written=written, span_s=span, counted=len(counted))
     if cpu is not None and span > 0 and cpu >= MIN_CPU_SHARE * span:
         found["signs"].append(f"CPU +{cpu:.1f} s in {span:.1f} s")
+    elif all(c.state == RUNNABLE for c in counted):  # on a CPU or waiting for one: a loaded host's share
+        found["signs"].append(f"runnable at all {len(counted)} samples")
     for count, verb in ((written, "written"), (read, "read")):
         if count is not None and count >= MIN_BYTES:
             found["signs"].append(f"{_megabytes(count)} {verb}")

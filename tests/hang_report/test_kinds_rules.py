@@ -7,6 +7,7 @@ tests/hang_report/test_hang_kinds.py and test_hang_kinds_progress.py.
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from nemo_rl_shim.hang_report.progress import CANNOT_JUDGE, NOT_WORKING, WORKING
 from nemo_rl_shim.hang_report.stacks import RankStack, StackSample
 from nemo_rl_shim.hang_report.suggest import longer_timeout
 from nemo_rl_shim.hang_report.world import World
-from tests.harness.hang_records import dump, entry, group, p2p, stall
+from tests.harness.hang_records import GLOO, dump, entry, group, p2p, stall
 
 pytestmark = [pytest.mark.every_lane]
 
@@ -229,6 +230,26 @@ def test_a_circle_of_sends_and_receives_is_a_circular_wait_not_a_p2p_stall() -> 
     assert kind.suggestion is not None and "batch_isend_irecv" in kind.suggestion.text
     one_way = classify(Analysis(findings[:1], [pp], [], {0: dump(0), 1: dump(1)}, 2), {}, {})
     assert one_way.name == "p2p_stall"
+
+
+def test_a_circle_after_a_completed_barrier_is_named_whatever_the_order_of_the_findings() -> None:
+    """#42: three Gloo ranks did a barrier, then each all_reduced on a pair group, the waits closing a circle. Gloo
+    cannot say the barrier finished (G-STATE: every entry reads scheduled): that "cannot tell" is not what comes
+    first, and the circle is the same for every order of the findings."""
+    pairs = {"a": (0, 1), "b": (1, 2), "c": (0, 2)}
+    first_in = {0: "a", 1: "b", 2: "c"}  # each rank waits in its first pair group on the rank that is not there
+    states = {n: group(n, r, backend="gloo", entries={m: entry(n, 1, lib="gloo") for m in r if first_in[m] == n})
+              for n, r in pairs.items()}  # fmt: skip
+    waits = [stall(states[first_in[m]], [o for o in pairs[first_in[m]] if o != m], [m]) for m in range(3)]
+    default = group("0", range(3), backend="gloo", axes=["default"])
+    barrier = Finding("unconfirmed", default, [0, 1, 2], 3, "barrier", [], None, 500, "Gloo's recorder does not say")
+    dumps = {m: dump(m, entry(first_in[m], 1, lib="gloo"), recorder=GLOO, lib="gloo") for m in range(3)}
+    seen = set()
+    for order in itertools.permutations([barrier, *waits]):
+        kind = classify(Analysis(list(order), [default, *states.values()], [], dumps, 3), {}, {})
+        assert (kind.name, kind.ranks) == ("circular_wait", (0, 1, 2)), kind.line
+        seen.add(kind.body)
+    assert len(seen) == 1, seen
 
 
 def test_a_circle_is_looked_for_only_when_a_wait_comes_first() -> None:

@@ -117,6 +117,24 @@ def test_a_tenth_of_a_core_is_working_and_less_is_not() -> None:
     assert below.verdict == NOT_WORKING
 
 
+def test_a_task_runnable_at_every_sample_is_working_however_little_cpu_a_loaded_host_gave_it() -> None:
+    """#42's seed 1085: a computing rank got 7% of a core at a load of 20, its stack on one line, its thread ``R`` at
+    all 3 samples. Runnable throughout is computing; one sample asleep (``S``) and it is not."""
+
+    def runnable(cpu: float, state: str = "R") -> Counters:
+        return Counters(cpu, state, {})
+
+    starved = [_at(0, thread=runnable(5.78)), _at(1, thread=runnable(6.06)), _at(2, thread=runnable(5.92))]
+    found = judge(_stack(A, A, A), starved)
+    assert (found.verdict, found.reason, found.of) == (WORKING, "runnable at all 3 samples", "thread")
+    once_asleep = [_at(0, thread=runnable(5.78)), _at(1, thread=runnable(5.8, "S")), _at(2, thread=runnable(5.9))]
+    assert judge(_stack(A, A, A), once_asleep).verdict == NOT_WORKING
+    in_io_wait = [_at(0, thread=runnable(1.0, "D")), _at(2, thread=runnable(1.0, "D"))]
+    assert judge(_stack(A, A), in_io_wait).verdict == NOT_WORKING
+    too_close = [_at(0, thread=runnable(1.0)), _at(0.2, thread=runnable(1.0))]  # under MIN_SPAN_S: judges nothing
+    assert judge(_stack(A), too_close).verdict == CANNOT_JUDGE
+
+
 def test_cpu_alone_counts_over_a_span_shorter_than_a_second() -> None:
     found = judge(_stack(A), [_at(0, _task(0.0)), _at(0.5, _task(0.05))])
     assert (found.verdict, found.reason) == (WORKING, "CPU +0.1 s in 0.5 s")

@@ -1,0 +1,111 @@
+"""A cascade followed to its root: ranks that wait on ranks that are themselves held in another op.
+
+A hang spreads. Once the ranks of one group are stuck (one never came, one did not finish, none finished), their
+peers in every other group reach the next collective they share with them and wait there: FSDP2's next
+reduce-scatter on the dp group waits on the tp group that hangs. The analysis finds both: a stall on the dp group
+that names the stuck rank as "did not enter", and the incident on its own group. The rank named in the dp stall did
+not fail to come: it is held in the incident's op (each rank issues its collectives in program order, so a rank
+blocked in one does not reach the next).
+
+**The rule** (:func:`root_of`). Start at the finding to act on. While it is a wait (a stall or a point-to-point
+finding), and *every* rank it names is held in another finding, move to the finding that holds them (the first, in
+the analysis's order, where they are held in several); stop at a finding whose ranks are not all held, or that was
+seen already (a circle is :mod:`.cycles`'s, looked for before). A rank is held in a finding where:
+
+* it entered that finding's op and did not finish it (a ``not finished`` finding names it: it did not finish what
+  its peers finished, every member entered and none finished, or both sides of a send posted and neither finished),
+  and stopped there: no op of its created later finished (one that did says the rank went on past it);
+* or it waits in that finding's op and is still blocked in it (a stall, a missing dump or a point-to-point finding
+  lists it among its waiting ranks; for a collective, :func:`.cycles.blocked_in`: its newest op, or unfinished on a
+  recorder that marks completion);
+* or it entered a collective that no member is known to have finished (``unconfirmed``), that op is its newest, and
+  its NCCL recorder's ``pg_status`` does not count it as ended (``last_completed_collective`` below its number:
+  ``docs/recorder-semantics.md`` L-PG-STATUS, H-PG-STATUS). The root is then what cannot be told, never a rank
+  guessed. Where the dump has no status for the group, or the recorder is Gloo's (:data:`_STATUS_OF_NCCL`), the rank
+  is not held (the walk stops, as before).
+
+A rank named by the wait and held nowhere else stops the walk: it may well never have come, and naming it is the
+answer. The walk's steps are kept (:func:`chain_of`), so that the line can say who waits on the root.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from nemo_rl_shim.hang_report.analysis import Finding, pg_status_counts_done
+from nemo_rl_shim.hang_report.cycles import blocked_in
+from nemo_rl_shim.hang_report.records import Entry, RankDump
+
+__all__ = ["WAITS", "chain_of", "held_in", "root_of"]
+
+_PAIR = "send/recv"  # the op of a finding on a send and its receive (:mod:`.analysis`)
+#: The recorders whose ``pg_status`` a held rank is judged by: legacy NCCL's (L-PG-STATUS) and NCCL2's hook's
+#: (H-PG-STATUS: it counts ``op_id``\s, which run ahead of the collective's number, so the comparison can only say
+#: "not ended" of an op that ended: "cannot tell", never a rank named). Gloo's is left out: it counts ``op_id``\s too,
+#: a collective that timed out as ended (G-RETIRE, G-PG-STATUS), and its dumps are judged as before.
+_STATUS_OF_NCCL = ("nccl", "nccl2")
+#: Finding kinds that are a wait on the ranks they name: the ones a cascade is followed from.
+WAITS = ("stall", "p2p")
+
+
+def _holds(finding: Finding, rank: int, dumps: Mapping[int, RankDump]) -> bool:
+    """Whether ``rank`` is held in ``finding``'s op (see the module docstring)."""
+    if finding.kind == "not finished":
+        return rank in finding.ranks and _stopped_at(dumps.get(rank), _its_op(finding, rank, dumps.get(rank)))
+    if finding.kind == "unconfirmed":  # its newest op, which its recorder's status does not count as ended
+        entry, dump = finding.group.entries.get(rank), dumps.get(rank)
+        if rank not in finding.ranks or entry is None or dump is None or entry.lib not in _STATUS_OF_NCCL:
+            return False
+        return blocked_in(dumps, rank, finding.group, finding.seq) and pg_status_counts_done(dump, entry) is False
+    if rank not in finding.waiting:
+        return False
+    if finding.kind == "p2p":
+        return True  # it waits in its unfinished send or recv
+    if finding.kind in ("stall", "missing"):
+        return blocked_in(dumps, rank, finding.group, finding.seq)
+    return False
+
+
+def _its_op(finding: Finding, rank: int, dump: RankDump | None) -> Entry | None:
+    """``rank``'s own entry of an unfinished finding: the group's collective; for a send and its receive, its newest
+    unfinished p2p op on the group."""
+    if finding.op != _PAIR:
+        return finding.group.entries.get(rank)
+    pending = [e for e in (dump.pending_p2p if dump else ()) if e.key == finding.group.key]
+    return max(pending, key=lambda e: e.created_ns, default=None)
+
+
+def _stopped_at(dump: RankDump | None, entry: Entry | None) -> bool:
+    """Whether ``dump``'s rank stopped at ``entry``: no op of its created later finished (an op left unfinished,
+    that a later op of the same rank finished after, does not hold it: the rank went on)."""
+    if dump is None or entry is None:
+        return False
+    later = (e for e in (dump.latest, *dump.last.values(), *dump.p2p_last.values()) if e is not None)
+    return not any(e.created_ns > entry.created_ns and dump.finished(e) for e in later)
+
+
+def held_in(
+    rank: int, findings: Sequence[Finding], dumps: Mapping[int, RankDump], but: Finding | None = None
+) -> Finding | None:
+    """The first finding (other than ``but``) whose op holds ``rank``, or None."""
+    return next((f for f in findings if f is not but and _holds(f, rank, dumps)), None)
+
+
+def chain_of(first: Finding, findings: Sequence[Finding], dumps: Mapping[int, RankDump]) -> list[Finding]:
+    """The findings from ``first`` to the root of its cascade: ``[first]`` where it is no cascade."""
+    chain = [first]
+    while chain[-1].kind in WAITS and chain[-1].ranks:
+        holders = [held_in(r, findings, dumps, but=chain[-1]) for r in chain[-1].ranks]
+        if any(h is None for h in holders):
+            break
+        order = {id(f): i for i, f in enumerate(findings)}
+        following = min((h for h in holders if h is not None), key=lambda h: order[id(h)])
+        if any(following is seen for seen in chain):
+            break
+        chain.append(following)
+    return chain
+
+
+def root_of(first: Finding, findings: Sequence[Finding], dumps: Mapping[int, RankDump]) -> Finding:
+    """The root of ``first``'s cascade (``first`` itself where its ranks are not all held elsewhere)."""
+    return chain_of(first, findings, dumps)[-1]
