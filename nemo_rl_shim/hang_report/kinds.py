@@ -40,7 +40,7 @@ from nemo_rl_shim.hang_report.cascade import chain_of
 from nemo_rl_shim.hang_report.cycles import Cycle, find_cycle
 from nemo_rl_shim.hang_report.progress import Progress
 from nemo_rl_shim.hang_report.rank_lists import ranks_json
-from nemo_rl_shim.hang_report.receivers import senders_only
+from nemo_rl_shim.hang_report.receivers import p2p_unseen, senders_only
 from nemo_rl_shim.hang_report.stacks import RankStack
 from nemo_rl_shim.hang_report.suggest import Suggestion, longer_timeout
 from nemo_rl_shim.hang_report.where import did_not_enter, finding_line, stalled_line
@@ -74,6 +74,7 @@ LABELS = {
     ("cannot_tell", "gap"): "cannot tell",
     ("cannot_tell", "unproved run"): "cannot tell",
     ("cannot_tell", "several runs"): "cannot tell",
+    ("cannot_tell", "p2p unseen"): "cannot tell",
     ("agree", None): "every rank agrees",
 }
 _ALSO = re.compile(r" \(also [^()]*\)")
@@ -202,6 +203,12 @@ def _never_came(finding: Finding, stacks: Mapping[int, RankStack], progress: Map
     if stack.in_torch_distributed:
         text = f"fix: the collective {_ranks(placed[:1])} waits in, at {_place(stack)}"
         return Kind("never_came", "elsewhere", tuple(finding.ranks), body, Suggestion(text), evidence)
+    if p2p_unseen(finding, stacks):  # G-NO-P2P: one may wait on another's send, and nothing says which
+        text = (
+            f"which of {who} is to blame: one may wait in a p2p receive on another's send (torch's Gloo recorder "
+            "records no send/recv, and a receive waited on from user code leaves no torch frame)"
+        )
+        return Kind("cannot_tell", "p2p unseen", tuple(finding.ranks), body, Suggestion(text), evidence)
     text = f"fix: what {_ranks(placed[:1])} waits for at {_place(stack)}"
     return Kind("never_came", "python", tuple(finding.ranks), body, Suggestion(text), evidence)
 

@@ -15,6 +15,14 @@ have sent is not among them, and the finding stands as it is.
 What the stack cannot show: a receive whose wait is a C++ call made from the user's code (``work.wait()`` on the
 works ``batch_isend_irecv`` or ``irecv`` returned) leaves no ``torch.distributed`` frame, only the user's line; such
 a receiver is not told apart (faulthandler writes Python frames only).
+
+**So, on Gloo, several ranks out of one collective cannot be told apart** (:func:`p2p_unseen`). Where a Gloo group's
+collective misses two or more ranks, none of them in a receive, and each of them stopped in user code (its stack
+written, no ``torch.distributed`` frame), one of them may be waiting on another's ``isend``/``batch_isend_irecv``:
+the dumps hold no p2p entry to say so (G-NO-P2P), the stacks show no receive, and a receiver blocked in C++ shows no
+CPU and no I/O, as a sleeping sender does. The report then says it cannot tell which of them is to blame, never
+naming them all as culprits. A rank in a torch collective, one holding the GIL, or one that left no stack, is told
+by the other rules.
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ from nemo_rl_shim.hang_report.analysis import Finding
 from nemo_rl_shim.hang_report.frames import Frame
 from nemo_rl_shim.hang_report.stacks import RankStack
 
-__all__ = ["RECEIVES", "receive_frame", "senders_only"]
+__all__ = ["RECEIVES", "p2p_unseen", "receive_frame", "senders_only"]
 
 #: torch.distributed's receiving calls, as faulthandler names their frames (``distributed_c10d.py``): each blocks
 #: in the calling thread until the peer's send arrives (torch 2.9 to 2.15).
@@ -52,3 +60,16 @@ def senders_only(finding: Finding, stacks: Mapping[int, RankStack]) -> tuple[Fin
     if not receiving or not rest:
         return finding, {}
     return dataclasses.replace(finding, ranks=rest), receiving
+
+
+def p2p_unseen(finding: Finding, stacks: Mapping[int, RankStack]) -> bool:
+    """Whether ``finding``'s ranks could be a sender and its receiver that the dumps cannot tell apart (see the
+    module docstring): a Gloo group's collective, two or more ranks named, each with a stack written in user code
+    alone (no ``torch.distributed`` frame), none in a receive."""
+    if finding.group.backend != "gloo" or len(finding.ranks) < 2:
+        return False
+    for rank in finding.ranks:
+        stack = stacks.get(rank)
+        if stack is None or not stack.fired or stack.in_torch_distributed:
+            return False
+    return True

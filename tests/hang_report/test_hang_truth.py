@@ -35,10 +35,7 @@ SAMPLE: dict[int, str | None] = {
     1098: None,  # circular: 2 groups, 3 ranks
     1030: None,  # circular: 3 groups made by split_group after set-up, 3 ranks
     1118: None,  # circular: 3 groups after a completed barrier (Gloo cannot say it finished), 4 ranks (#42)
-    1007: (  # p2p: a batch's irecv, 3 ranks; its wait is work.wait() from the user's line: no torch frame
-        "never_came naming the receiver too: 'never came (stuck in Python): ranks 1-2 did not enter all_reduce #2 on "
-        "default, ranks 0-2'"
-    ),
+    1007: None,  # p2p: a batch's irecv, 3 ranks; work.wait() from the user's line: honest, "cannot tell" (receivers.py)
     1019: None,  # p2p: recv, 3 ranks (its receiver, in torch's recv, set apart: hang_report/receivers.py)
 }
 

@@ -14,7 +14,7 @@ import pytest
 from nemo_rl_shim.hang_report.analysis import Analysis
 from nemo_rl_shim.hang_report.frames import Frame, frame
 from nemo_rl_shim.hang_report.kinds import classify
-from nemo_rl_shim.hang_report.receivers import receive_frame, senders_only
+from nemo_rl_shim.hang_report.receivers import p2p_unseen, receive_frame, senders_only
 from nemo_rl_shim.hang_report.stacks import RankStack, StackSample
 from tests.harness.hang_records import GLOO, dump, entry, group, stall
 
@@ -59,3 +59,32 @@ def test_a_receive_is_torch_distributed_s_own_frame_not_a_user_function_of_that_
     assert receive_frame(_stack(1, in_all_reduce)) is None
     unfired = RankStack(1, Path("/d/fr_stack_rank_1.txt"), frames=RECV)
     assert receive_frame(unfired) is None
+
+
+WAITED = (frame("/job/pipeline.py", 328, "_waits_forever"),)  # work.wait() on a batch's irecv: a C++ call, no frame
+ALL_REDUCE = (frame(C10D, 2801, "all_reduce"), frame("/job/train.py", 9, "step"))
+
+
+def test_two_gloo_ranks_out_in_user_code_cannot_be_told_apart() -> None:
+    """G-NO-P2P: a receiver waiting on a batch's irecv from user code looks like the sender asleep: who is to blame
+    cannot be told, and the report says so (exit 1) rather than naming both as culprits."""
+    finding = stall(DEFAULT, [1, 2], [0], seq=2)
+    stacks = {1: _stack(1, WAITED), 2: _stack(2, ASLEEP)}
+    assert p2p_unseen(finding, stacks)
+    dumps = {r: dump(r, entry("0", 2 if r == 0 else 1, lib="gloo"), recorder=GLOO, lib="gloo") for r in range(3)}
+    kind = classify(Analysis([finding], [DEFAULT], [], dumps, 3), stacks, {})
+    assert (kind.name, kind.variant, kind.ranks) == ("cannot_tell", "p2p unseen", (1, 2))
+    assert kind.line.startswith("cannot tell: ranks 1-2 did not enter all_reduce #2"), kind.line
+    assert "records no send/recv" in kind.line
+
+
+def test_p2p_unseen_needs_gloo_two_ranks_and_every_stack_in_user_code() -> None:
+    stacks = {1: _stack(1, WAITED), 2: _stack(2, ASLEEP)}
+    assert not p2p_unseen(stall(DEFAULT, [2], [0, 1], seq=2), stacks)  # one rank: it is the one
+    nccl = group("0", range(3), backend="nccl", axes=["default"], entries={0: entry("0", 2)})
+    assert not p2p_unseen(stall(nccl, [1, 2], [0], seq=2), stacks)  # NCCL records its p2p: the dumps tell
+    assert not p2p_unseen(stall(DEFAULT, [1, 2], [0], seq=2), {1: _stack(1, WAITED)})  # rank 2 left no stack
+    in_torch = {1: _stack(1, ALL_REDUCE), 2: _stack(2, ASLEEP)}
+    assert not p2p_unseen(stall(DEFAULT, [1, 2], [0], seq=2), in_torch)  # rank 1 waits in another collective
+    unfired = {1: _stack(1, WAITED), 2: RankStack(2, Path("/d/fr_stack_rank_2.txt"), frames=ASLEEP)}
+    assert not p2p_unseen(stall(DEFAULT, [1, 2], [0], seq=2), unfired)  # rank 2's watched block did not run over
