@@ -66,10 +66,10 @@ def tracks_completion(lib: str, seen_not_scheduled: bool) -> bool:
     return lib in TRACKING or seen_not_scheduled
 
 
-def _completed_counts(dump: RankDump) -> bool:
+def _completed_counts(dump: RankDump, lib: str) -> bool:
     """Whether the dump's ``pg_status`` counts a completed op: legacy NCCL numbers works from 1 (``L-PG-STATUS``:
     ``seq_``), NCCL2 from 0 (``H-PG-STATUS``: ``op_id``); -1 (``C-PG-STATUS``) is none."""
-    first = 0 if "nccl2" in dump.recorders else 1
+    first = 0 if lib == "nccl2" else 1
     rows = [row for row in dump.pg_status.values() if isinstance(row, dict)]
     return any(row.get("last_completed_collective", -1) >= first for row in rows)
 
@@ -79,9 +79,11 @@ def may_have_dropped(dump: RankDump, lib: str) -> bool:
     of its entries reads completed while its ``pg_status`` counts a completion. A recorder that never marks an entry
     completed drops nothing: Gloo's (``G-ONLY-ACTIVE``), a hooked backend without completion hooks (``H-STATE``)."""
     evidence = dump.evidence
-    if not dump.recorder(lib).tracks_completion or evidence is None or not evidence.only_active:
+    held = dump.recorders.get(lib)  # a dump that dropped every entry holds no recorder: the group's own decides
+    tracks = held.tracks_completion if held is not None else tracks_completion(lib, False)
+    if not tracks or evidence is None or not evidence.only_active:
         return False
-    return _completed_counts(dump)
+    return _completed_counts(dump, lib)
 
 
 def _tie(dump: RankDump, key: GroupKey) -> Entry | None:

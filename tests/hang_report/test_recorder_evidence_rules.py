@@ -5,6 +5,7 @@ kind :func:`~nemo_rl_shim.hang_report.kinds.classify` gives), each test naming i
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -26,6 +27,10 @@ from tests.harness.hang_records import GLOO, dump, entry
 pytestmark = [pytest.mark.every_lane]
 
 KEY = ("1", "nccl")
+
+
+def vars_of(found: RankDump) -> dict[str, Any]:
+    return {f.name: getattr(found, f.name) for f in dataclasses.fields(found)}
 
 
 def _evidence(only_active: bool) -> RunEvidence:
@@ -59,6 +64,9 @@ def test_an_only_active_dump_is_told_by_its_content() -> None:
     assert not may_have_dropped(_only_active(status=_status(1, 0)), "nccl")  # legacy numbers work from 1
     assert may_have_dropped(dump(0, lib="nccl2", evidence=_evidence(True), pg_status={"1": _status(1, 0)}), "nccl2")
     assert not may_have_dropped(dump(0, n_entries=0, evidence=_evidence(True)), "nccl")  # recorded nothing: no row
+    emptied = RankDump(**{**vars_of(dump(0, n_entries=0)), "recorders": {}, "evidence": _evidence(True),
+                          "pg_status": {"1": _status(4, 3)}})  # fmt: skip
+    assert may_have_dropped(emptied, "nccl")  # every entry dropped: no recorder left, the group's own decides
     assert not may_have_dropped(dump(0, evidence=_evidence(False), pg_status={"1": _status(4, 3)}), "nccl")
 
 
