@@ -585,6 +585,8 @@ def _recent_calls(
         flag = raw.get("is_p2p")
         if flag is True or (flag is None and _is_p2p(raw, seq_key)) or not raw[seq_key]:
             continue
+        if is_closer(raw["profiling_name"], raw.get("input_sizes")):
+            continue  # L-COAL-CLOSE: a closer's numbers are the batch's, its frames the batch's call
         key = (group_name(raw["process_group"][0]), clean(op_name(raw["profiling_name"])[0], limit=40))
         kept = calls.get(key)
         if kept is None or key not in open_keys or raw[seq_key] in kept:
