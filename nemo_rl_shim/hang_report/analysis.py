@@ -693,6 +693,8 @@ def _unclear_p2p(rank: int, peer: int, op: Entry, state: GroupState, *, dropped:
         f"rank {rank} waited in its {op.op} #{op.seq} {'from' if op.op == 'recv' else 'to'} rank {peer} on "
         f"{state.label}, and {why}: cannot tell whether rank {peer} {source}"
     )
+    if dropped:  # what the recorder cannot show, not a buffer too short: cannot tell, no rank named
+        return Finding(HIDDEN, state, [], op.seq, op.op, [rank], None, op.created_ns, "cannot tell: " + detail)
     return Finding("unclear", state, [], op.seq, op.op, [rank], None, op.created_ns, detail)
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from nemo_rl_shim.hang_report.analysis import HIDDEN, analyse
+from nemo_rl_shim.hang_report.analysis import HIDDEN, GroupState, analyse, peer_posted
 from nemo_rl_shim.hang_report.kinds import classify
 from nemo_rl_shim.hang_report.recorder_evidence import (
     FINISHED,
@@ -199,3 +199,18 @@ def test_a_group_of_one_that_did_not_finish_is_did_not_finish() -> None:
     kind = classify(analyse(dumps, world=1), {}, {})
     assert (kind.name, kind.ranks) == ("did_not_finish", (0,))
     assert kind.body.startswith("rank 0 did not finish all_reduce #2")
+
+
+def test_an_only_active_peers_missing_side_is_cannot_tell_never_blamed() -> None:
+    """C-ONLY-ACTIVE: rank 1 waits in a recv from rank 0, whose only-active dump holds no send: it may have sent
+    (eagerly, completed, dropped) or not: the peer is not blamed (peer_posted None), the report cannot tell."""
+    recv = entry("1", seq=2, op="recv", state="scheduled", is_p2p=True, peer=0, ordinal=1)
+    kept = entry("1", seq=1, state="scheduled")
+    dumps = [_only_active(0, groups=_members(0, 1), last={KEY: kept}),
+             dump(1, groups=_members(0, 1), last={KEY: kept}, pending_p2p=[recv], p2p_last={(KEY, "recv", 0): recv},
+                  p2p_count={(KEY, "recv", 0): 1})]  # fmt: skip
+    state = GroupState("1", (0, 1), [])
+    assert peer_posted(recv, dumps[1], dumps[0], state) is None
+    found = analyse(dumps, world=2)
+    p2p = [f for f in found.findings if f.op == "recv"]
+    assert [(f.kind, f.ranks, f.waiting) for f in p2p] == [(HIDDEN, [], [1])]
