@@ -18,7 +18,11 @@ half of a ``cpu:gloo,cuda:nccl`` group count apart):
   Gloo's leaves every entry ``scheduled``, and retires a collective that timed out (and counts it in ``pg_status``)
   like one that finished. A group whose last collective no member is known to have finished is *unconfirmed*:
   never "every rank agrees". ``pg_status`` never overrides an entry (NCCL counts p2p work in the same
-  ``last_completed_collective``, Gloo counts timed-out work): it is kept as a hint.
+  ``last_completed_collective``, Gloo counts timed-out work): it is kept as a hint; it is evidence only for an entry
+  an only-active dump dropped, on a group with no p2p work (:mod:`.recorder_evidence`, ``L-PG-STATUS``).
+* **What a recorder cannot show** (:mod:`.recorder_evidence`, :mod:`.coalesced`). A batch is judged by its closer;
+  an op an only-active dump may have dropped, a hung NCCL2 batch, dumps emptied by only-active, an unfinished p2p op
+  no rule explains: "cannot tell" (``hidden``), no rank named, never "every rank agrees".
 * **Wraparound.** A ring buffer keeps the newest entries, so a rank that recorded any op of a group
   has its last one. A rank with none, whose buffer (that recorder's) wrapped and whose oldest entry is newer
   than the collective, cannot say whether it entered: it is *out of reach*, never *behind*.
