@@ -18,7 +18,11 @@ half of a ``cpu:gloo,cuda:nccl`` group count apart):
   Gloo's leaves every entry ``scheduled``, and retires a collective that timed out (and counts it in ``pg_status``)
   like one that finished. A group whose last collective no member is known to have finished is *unconfirmed*:
   never "every rank agrees". ``pg_status`` never overrides an entry (NCCL counts p2p work in the same
-  ``last_completed_collective``, Gloo counts timed-out work): it is kept as a hint.
+  ``last_completed_collective``, Gloo counts timed-out work): it is kept as a hint; it is evidence only for an entry
+  an only-active dump dropped, on a group with no p2p work (:mod:`.recorder_evidence`, ``L-PG-STATUS``).
+* **What a recorder cannot show** (:mod:`.recorder_evidence`, :mod:`.coalesced`). A batch is judged by its closer;
+  an op an only-active dump may have dropped, a hung NCCL2 batch, dumps emptied by only-active, an unfinished p2p op
+  no rule explains: "cannot tell" (``hidden``), no rank named, never "every rank agrees".
 * **Wraparound.** A ring buffer keeps the newest entries, so a rank that recorded any op of a group
   has its last one. A rank with none, whose buffer (that recorder's) wrapped and whose oldest entry is newer
   than the collective, cannot say whether it entered: it is *out of reach*, never *behind*.
@@ -56,6 +60,14 @@ from typing import Any
 
 from nemo_rl_shim.hang_report.dump_format import pg_status_of
 from nemo_rl_shim.hang_report.frames import Frame, by_place, same_place
+from nemo_rl_shim.hang_report.recorder_evidence import (
+    FINISHED,
+    UNPOSTED,
+    absent_op,
+    dropped_everything,
+    may_have_dropped,
+    nccl2_p2p_groups,
+)
 from nemo_rl_shim.hang_report.recording_rules import unexplained
 from nemo_rl_shim.hang_report.records import DumpError, Entry, GroupKey, RankDump
 from nemo_rl_shim.hang_report.world import GIVE_THE_WORLD, World, world_of
@@ -64,6 +76,7 @@ from nemo_rl_shim.one_line.rank_ranges import format_ranks
 
 __all__ = [
     "CANNOT_TELL",
+    "HIDDEN",
     "PLACES_SHOWN",
     "Analysis",
     "Finding",
@@ -84,13 +97,16 @@ _PRIORITY = {
     "not finished": 3,
     "unclear": 4,
     "gap": 5,
+    "hidden": 5,
     "world unknown": 5,
     "unconfirmed": 6,
     "unproved run": 7,
     "several runs": 7,
 }
 #: Kinds that say what cannot be told, not what went wrong.
-CANNOT_TELL = ("gap", "world unknown", "unconfirmed", "unproved run", "several runs")
+CANNOT_TELL = ("gap", "hidden", "world unknown", "unconfirmed", "unproved run", "several runs")
+#: What the recorder cannot show (:mod:`.recorder_evidence`): an only-active dump's absences, NCCL2's p2p.
+HIDDEN = "hidden"
 _OPPOSITE = {"send": "recv", "recv": "send"}
 _PAIR = "send/recv"  # the op of a finding on a send and its receive
 #: Places named on a line where ranks called the op from several (by group of ranks at one place, the fewest first).
@@ -201,7 +217,7 @@ class Finding:
         if self.kind == "p2p":
             places = _at(by_place(self.waiting, self.called_at), len(self.waiting))
             return f"{who} {self.detail} on {self.group.label}" + (f"; waiting at {places}" if places else "")
-        if self.kind in ("unclear", "world unknown", "gap", "unproved run", "several runs"):
+        if self.kind in ("unclear", "world unknown", "gap", "hidden", "unproved run", "several runs"):
             return self.detail
         if self.kind == "unconfirmed":
             return f"cannot tell whether {who} finished {where}: {self.detail}"
@@ -494,12 +510,16 @@ def _stall(dumps: dict[int, RankDump], state: GroupState) -> Finding | None:
     if top == 0:
         return None
     entry = state.entries[waiting[0]]
-    behind = [r for r in state.ranks if r in dumps and state.last.get(r, 0) < top and r not in state.out_of_reach]
+    lower = [r for r in state.ranks if r in dumps and state.last.get(r, 0) < top and r not in state.out_of_reach]
+    told = {r: absent_op(dumps[r], state.key, top) for r in lower}  # C-ONLY-ACTIVE, L-PG-STATUS
+    behind = [r for r in lower if told[r] == UNPOSTED]
     created = entry.created_ns
     if behind:
         waited = _waited(dumps, waiting, state)
         return Finding("stall", state, behind, top, entry.op, waiting, waited, created, "", _entries_at(state, waiting))
-    done = [r for r in waiting if dumps[r].finished(state.entries[r])]
+    if any(told[r] is None for r in lower):
+        return _hidden_stall(dumps, state, [r for r in lower if told[r] is None], waiting, top, entry)
+    done = [r for r in waiting if dumps[r].finished(state.entries[r])] + [r for r in lower if told[r] == FINISHED]
     unfinished = [r for r in waiting if r not in done]
     tracking = [r for r in unfinished if dumps[r].recorder(state.backend).tracks_completion]
     if state.out_of_reach and not done:  # the silent ranks may well have entered it: their buffers do not reach back
@@ -524,6 +544,68 @@ def _stall(dumps: dict[int, RankDump], state: GroupState) -> Finding | None:
     return _unconfirmed(state, waiting, top, entry) if not done else None
 
 
+def _hidden_stall(
+    dumps: dict[int, RankDump], state: GroupState, hidden: list[int], waiting: list[int], top: int, entry: Entry
+) -> Finding:
+    """``C-ONLY-ACTIVE``, ``L-PG-STATUS``: members whose only-active dumps lack the collective others are in, and
+    whose ``pg_status`` cannot say whether they finished it or never posted it: cannot tell (no rank named)."""
+    detail = (
+        f"cannot tell whether {_ranks(hidden)} finished {entry.op} #{top} on {state.label} or never posted it, "
+        f"which {_ranks(waiting)} {'is' if len(waiting) == 1 else 'are'} in: {'its' if len(hidden) == 1 else 'their'} "
+        "only-active dumps (TORCH_INCLUDE_ONLY_ACTIVE=1) drop completed entries, and pg_status cannot say (p2p work "
+        "counted in it, no entry of the group to find its row, or not legacy NCCL's)"
+    )
+    return Finding(HIDDEN, state, [], top, entry.op, waiting, _waited(dumps, waiting, state), entry.created_ns, detail)
+
+
+def _unseen(dumps: dict[int, RankDump], groups: list[GroupState], world: World) -> list[Finding]:
+    """What the recorders cannot show (:mod:`.recorder_evidence`): every dump empty while ``pg_status`` counts ops
+    (``C-PG-STATUS``, ``H-ONLY-ACTIVE``); a group with NCCL2 p2p records (``H-BATCH-DONE``); an unfinished p2p op
+    no other finding explains. Each is "cannot tell", never "every rank agrees"."""
+    found: list[Finding] = []
+    dropped = dropped_everything(dumps)
+    if dropped is not None:
+        rank, count = dropped
+        detail = (
+            f"cannot tell: the {len(dumps)} dumps hold no entry, yet rank {rank}'s pg_status counts ops up to "
+            f"#{count}: only-active dumps (TORCH_INCLUDE_ONLY_ACTIVE=1) dropped every completed entry, and NCCL2 "
+            "records a batch's send/recv completed when queued (H-BATCH-DONE): a hung op may leave nothing"
+        )
+        everyone = GroupState("", range(world.size), ["world"])
+        found.append(Finding(HIDDEN, everyone, [], 0, "", [], None, 0, detail))
+    by_key = {g.key: g for g in groups}
+    for key, entry in nccl2_p2p_groups(dumps.values()).items():
+        state = by_key.get(key)
+        if state is not None:
+            detail = (
+                f"cannot tell whether the sends and receives on {state.label} finished: NCCL2 records a "
+                "batch_isend_irecv's ops completed when queued and no closing record (H-BATCH-DONE, H-NO-CLOSE), "
+                "so a hung batch does not show in the dumps"
+            )
+            found.append(Finding(HIDDEN, state, [], entry.seq, entry.op, [], None, entry.created_ns, detail))
+    return found
+
+
+def _unsettled(dumps: dict[int, RankDump], groups: list[GroupState], findings: list[Finding]) -> list[Finding]:
+    """An unfinished send or recv on a group no finding names: never agreement (a ``started`` or unretired p2p op
+    did not finish, ``C-STATE``); cannot tell who is to blame."""
+    named = {f.group.key for f in findings}
+    by_key = {g.key: g for g in groups}
+    found: list[Finding] = []
+    for rank in sorted(dumps):
+        for op in dumps[rank].pending_p2p:
+            state = by_key.get(op.key)
+            if state is None or op.key in named:
+                continue
+            named.add(op.key)
+            detail = (
+                f"cannot tell why rank {rank}'s {op.op} #{op.seq} on {state.label} did not finish: it reads "
+                f"{op.state}, and its peer's dump does not show the other side unfinished"
+            )
+            found.append(Finding(HIDDEN, state, [], op.seq, op.op, [rank], None, op.created_ns, detail))
+    return found
+
+
 def _unconfirmed(state: GroupState, waiting: list[int], top: int, entry: Entry) -> Finding:
     """No member is known to have finished the group's last collective: its recorder does not say."""
     if state.backend == "gloo":
@@ -542,6 +624,8 @@ def peer_posted(op: Entry, mine: RankDump, peer: RankDump, state: GroupState) ->
     key = (op.key, _OPPOSITE[op.op], state.group_rank(mine.rank))
     theirs = peer.p2p_last.get(key)
     their_buffer = peer.recorder(op.lib)
+    if (theirs is None or theirs.done) and may_have_dropped(peer, op.lib):
+        return None  # C-ONLY-ACTIVE: the peer's side may have completed and been dropped
     if theirs is None:
         too_short = their_buffer.wrapped and (their_buffer.oldest_ns or 0) > op.created_ns
         return None if too_short else False
@@ -568,7 +652,7 @@ def _p2p(dumps: dict[int, RankDump], groups: dict[GroupKey, GroupState]) -> list
             if posted is False:
                 blamed.setdefault((op.key, peer), []).append((rank, op))
             elif posted is None:
-                findings.append(_unclear_p2p(rank, peer, op, state))
+                findings.append(_unclear_p2p(rank, peer, op, state, dropped=may_have_dropped(dumps[peer], op.lib)))
             elif _both_waiting(op, dump, dumps[peer], state) and (op.key, *sorted((rank, peer))) not in pairs:
                 pairs.add((op.key, *sorted((rank, peer))))
                 findings.append(_pair_not_finished(rank, peer, op, state))
@@ -602,12 +686,19 @@ def _pair_not_finished(rank: int, peer: int, op: Entry, state: GroupState) -> Fi
     return Finding("not finished", state, sorted((rank, peer)), op.seq, _PAIR, [], None, op.created_ns, detail)
 
 
-def _unclear_p2p(rank: int, peer: int, op: Entry, state: GroupState) -> Finding:
+def _unclear_p2p(rank: int, peer: int, op: Entry, state: GroupState, *, dropped: bool = False) -> Finding:
     source = "sent" if op.op == "recv" else "received"
+    why = (
+        f"rank {peer}'s only-active dump (TORCH_INCLUDE_ONLY_ACTIVE=1) drops completed entries (C-ONLY-ACTIVE)"
+        if dropped
+        else f"rank {peer}'s buffer does not reach back to it"
+    )
     detail = (
         f"rank {rank} waited in its {op.op} #{op.seq} {'from' if op.op == 'recv' else 'to'} rank {peer} on "
-        f"{state.label}, and rank {peer}'s buffer does not reach back to it: cannot tell whether rank {peer} {source}"
+        f"{state.label}, and {why}: cannot tell whether rank {peer} {source}"
     )
+    if dropped:  # what the recorder cannot show, not a buffer too short: cannot tell, no rank named
+        return Finding(HIDDEN, state, [], op.seq, op.op, [rank], None, op.created_ns, "cannot tell: " + detail)
     return Finding("unclear", state, [], op.seq, op.op, [rank], None, op.created_ns, detail)
 
 
@@ -697,6 +788,8 @@ def analyse(dumps_in: Iterable[RankDump], world: int | None = None) -> Analysis:
     findings = [f for s in groups for f in (_mismatch(s, sigs.table, dumps), _stall(dumps, s)) if f is not None]
     findings += _p2p(dumps, {g.key: g for g in groups})
     findings += [f for s in groups for f in _gaps(dumps, s)]
+    findings += _unseen(dumps, groups, the_world)
+    findings += _unsettled(dumps, groups, findings)
     missing = [r for r in range(the_world.size) if r not in dumps]
     placed = {m for g in groups for m in g.missing}
     if any(r not in placed for r in missing):

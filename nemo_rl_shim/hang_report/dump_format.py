@@ -48,6 +48,7 @@ from typing import Any
 from nemo_rl_shim.config.numbers import ascii_int
 from nemo_rl_shim.flight_recorder.names import ENV_PAIRS, PG_STATUS_KEY
 from nemo_rl_shim.hang_report.bounds import MAX_INT64, MAX_WORLD, Budget, is_count, is_int, is_text
+from nemo_rl_shim.hang_report.coalesced import closes_p2p, completed_batch, is_closer, judge_p2p_batches, open_member
 from nemo_rl_shim.hang_report.file_identity import fingerprint
 from nemo_rl_shim.hang_report.frames import Frame, frame, user_frame
 from nemo_rl_shim.hang_report.group_members import (
@@ -57,6 +58,7 @@ from nemo_rl_shim.hang_report.group_members import (
     groups_from_pg_config,
     shim_problem,
 )
+from nemo_rl_shim.hang_report.recorder_evidence import tracks_completion
 from nemo_rl_shim.hang_report.recording_rules import check_p2p_sides, collective_gaps, one_pickle, p2p_sides
 from nemo_rl_shim.hang_report.records import DumpError, Entry, GroupFacts, GroupKey, P2PKey, RankDump, Recorder
 from nemo_rl_shim.hang_report.run_evidence import gather
@@ -363,6 +365,7 @@ def _entry(raw: Mapping[str, Any], reading: _Reading) -> Entry:
         me=me,
         lib=clean(lib, limit=40),
         where=_call_site(raw, reading),
+        p2p_seq=p2p_seq,
     )
 
 
@@ -390,6 +393,7 @@ class _Scan:
     p2p: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
     descs: dict[str, str] = field(default_factory=dict)
     tracks: bool = False
+    joined: dict[GroupKey, int] = field(default_factory=dict)  # ops its last number joined (a coalesced batch's)
 
 
 def _scan(entries: list[Any], reading: _Reading) -> _Scan:
@@ -422,6 +426,9 @@ def _scan(entries: list[Any], reading: _Reading) -> _Scan:
                     continue
                 if flag is not None:
                     raise TypeError
+            if name[-9:] == "coalesced" and is_closer(name, raw.get("input_sizes")) and closes_p2p(entries, index):
+                p2p_entries.append((index, raw))  # L-COAL-CLOSE: a p2p batch's closer is no collective
+                continue
             seq = raw[seq_key]
             if type(seq) is not int or seq > MAX_INT64 or seq < 0:
                 raise TypeError
@@ -443,9 +450,9 @@ def _scan(entries: list[Any], reading: _Reading) -> _Scan:
         slot[1].append(last[2])
         slot[2], slot[3], slot[4] = index, seq, 1
     scan.tracks = tracks
-    for key, (seqs, ids, last_index, _, _, first_index) in slots.items():
+    for key, (seqs, ids, last_index, _, joined, first_index) in slots.items():
         scan.seqs[key], scan.sig_ids[key], scan.last[key] = seqs, ids, (last_index, entries[last_index])
-        scan.first[key] = first_index
+        scan.first[key], scan.joined[key] = first_index, joined
     for index, raw in p2p_entries:
         pg = _process_group(raw["process_group"])
         if pg is None:
@@ -508,18 +515,15 @@ class _P2P:
     count: dict[P2PKey, int]
 
 
-def _p2p(ops: list[Entry]) -> _P2P:
-    """Legacy NCCL writes a batch's ops 'scheduled' and its ``coalesced`` entry (same group and p2p number) with
-    the batch's state: each op takes it. Ops are counted in buffer order: the k-th send toward a peer meets that
-    peer's k-th receive."""
-    closers = {(e.key, e.seq): e for e in ops if e.op.endswith("coalesced")}
+def _p2p(ops: list[Entry], only_active: bool) -> _P2P:
+    """Each batch judged by its closer (:mod:`.coalesced`: ``L-COAL-CLOSE``, ``L-ONLY-ACTIVE``; a batch still open
+    is not pending). Ops are counted in buffer order: the k-th send toward a peer meets that peer's k-th receive."""
+    closers = [e for e in ops if e.op.endswith("coalesced")]  # is_p2p False as torch writes it; True is read too
+    batches = judge_p2p_batches([e for e in ops if not e.op.endswith("coalesced")], closers, only_active=only_active)
     found = _P2P([], {}, {})
-    for e in ops:
-        if e.op.endswith("coalesced"):
+    for e in batches.ops:
+        if open_member(e, batches.open_batches):
             continue
-        closer = closers.get((e.key, e.seq))
-        if closer is not None:
-            e.batched, e.state, e.completed_ns = True, closer.state, closer.completed_ns
         if e.op in _P2P_OPS:
             key = (e.key, e.op, e.peer)
             e.ordinal = found.count[key] = found.count.get(key, 0) + 1
@@ -536,7 +540,8 @@ def _recorder_facts(entries: list[Any], scan: _Scan, reading: _Reading) -> dict[
     if not is_count(record_id) or not (oldest is None or is_count(oldest)):
         raise reading.bad_entry(0, first)
     lib = clean(op_name(first["profiling_name"])[0], limit=40)
-    return {lib: Recorder(wrapped=record_id > 0, oldest_ns=oldest, tracks_completion=scan.tracks and lib != "gloo")}
+    tracks = tracks_completion(lib, scan.tracks)
+    return {lib: Recorder(wrapped=record_id > 0, oldest_ns=oldest, tracks_completion=tracks)}
 
 
 def _recorders(raw: Mapping[str, Any], entries: list[Any], scan: _Scan, reading: _Reading) -> dict[str, Recorder]:
@@ -558,7 +563,7 @@ def _recorders(raw: Mapping[str, Any], entries: list[Any], scan: _Scan, reading:
                 "not a recorder's facts"
             )
         name = clean(lib, limit=40)
-        tracks = lib in tracking and lib != "gloo"
+        tracks = tracks_completion(lib, lib in tracking)
         found[name] = Recorder(wrapped=record_id > 0, oldest_ns=oldest, tracks_completion=tracks)
     return found
 
@@ -580,6 +585,8 @@ def _recent_calls(
         flag = raw.get("is_p2p")
         if flag is True or (flag is None and _is_p2p(raw, seq_key)) or not raw[seq_key]:
             continue
+        if is_closer(raw["profiling_name"], raw.get("input_sizes")):
+            continue  # L-COAL-CLOSE: a closer's numbers are the batch's, its frames the batch's call
         key = (group_name(raw["process_group"][0]), clean(op_name(raw["profiling_name"])[0], limit=40))
         kept = calls.get(key)
         if kept is None or key not in open_keys or raw[seq_key] in kept:
@@ -695,7 +702,6 @@ def reduce_dump(
     reading = _Reading(path, Budget.for_bytes(path, size), seq_key)
     scan = _scan(entries, reading)
     p2p_ops = [_checked_entry(reading, index, item) for index, item in scan.p2p]
-    p2p = _p2p(p2p_ops)
     entry_groups = dict(scan.descs)
     groups, default = _members(raw, rank, side, reading, entry_groups)
     last = {key: _checked_entry(reading, index, item) for key, (index, item) in scan.last.items()}
@@ -706,6 +712,8 @@ def reduce_dump(
     world = len(default) if default is not None and len(default) else shim.get("world_size") or side.get("world_size")
     spans = {key: collective_gaps(seqs) for key, seqs in scan.seqs.items() if len(seqs)}
     evidence = gather(raw, seq_key, groups, scan.first, recorders, world)
+    p2p = _p2p(p2p_ops, evidence.only_active)
+    completed_batch(last, scan.joined, only_active=evidence.only_active)
     gaps = {key: missing for key, (missing, _) in spans.items() if missing} if not evidence.only_active else {}
     world_from = path if shim.get("world_size") else side.get("path") if side.get("world_size") else None
     return RankDump(

@@ -72,6 +72,7 @@ LABELS = {
     ("cannot_tell", "unconfirmed"): "cannot tell",
     ("cannot_tell", "world unknown"): "cannot tell",
     ("cannot_tell", "gap"): "cannot tell",
+    ("cannot_tell", "hidden"): "cannot tell",
     ("cannot_tell", "unproved run"): "cannot tell",
     ("cannot_tell", "several runs"): "cannot tell",
     ("cannot_tell", "p2p unseen"): "cannot tell",
@@ -249,7 +250,8 @@ def _of_named(finding: Finding, stacks: Mapping[int, RankStack], progress: Mappi
     if finding.kind == "p2p":
         text = f"fix: why {who} does not post {'its' if len(ranks) == 1 else 'their'} side (the pipeline's schedule)"
         return Kind("p2p_stall", None, ranks, body, Suggestion(text), evidence)
-    if finding.kind == "not finished" and (not finding.waiting or finding.op == "send/recv"):
+    one_rank = len(finding.group.ranks) == 1  # a group of one: its rank did not finish (the H200 dump, #42)
+    if finding.kind == "not finished" and not one_rank and (not finding.waiting or finding.op == "send/recv"):
         text = f"check the network and GPUs of {_ranks(list(finding.group.ranks))}: no rank is to blame"
         every = tuple(finding.group.ranks) if not finding.waiting and finding.op != "send/recv" else ranks
         return Kind("all_entered_none_finished", None, every, body, Suggestion(text), evidence)
@@ -298,7 +300,7 @@ def _without_finding(analysis: Analysis, stacks: Mapping[int, RankStack], progre
             return Kind("still_working", None, tuple(stayed), body, suggestion, evidence)
         text = f"fix: what {_ranks(stayed[:1])} waits for at {_place(stacks[stayed[0]])}"
         return Kind("stayed_in_block", None, tuple(stayed), body, Suggestion(text), evidence)
-    if empty:
+    if empty and not any(f.kind == "hidden" for f in analysis.findings):  # hidden: recorder_evidence
         body = (
             f"the {len(dumps)} dumps hold no entry (torch's Gloo recorder records no send/recv; a recorder made "
             "with TORCH_FR_BUFFER_SIZE=0 records nothing)"

@@ -66,6 +66,7 @@ class Entry:
     lib: str = ""  # the recorder: the comm library in profiling_name ("nccl", "nccl2", "gloo")
     ordinal: int = 0  # p2p: its place among this rank's ops of its kind toward its peer in the buffer (1: oldest)
     where: Frame | None = None  # where it was called: the innermost user frame of the entry's ``frames``
+    p2p_seq: int = 0  # p2p_seq_id as torch wrote it (a collective's: the group's p2p count then, L-COLL)
 
     @property
     def done(self) -> bool:

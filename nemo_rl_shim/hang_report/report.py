@@ -20,7 +20,7 @@ from typing import Any
 
 from nemo_rl_shim.flight_recorder.names import DUMP_FILE_NAME
 from nemo_rl_shim.hang_report import torch_analyzer
-from nemo_rl_shim.hang_report.analysis import CANNOT_TELL, Analysis, Finding, GroupState, analyse
+from nemo_rl_shim.hang_report.analysis import CANNOT_TELL, HIDDEN, Analysis, Finding, GroupState, analyse
 from nemo_rl_shim.hang_report.early_line import QuickLine, quick_line
 from nemo_rl_shim.hang_report.file_identity import same_bytes, same_inode
 from nemo_rl_shim.hang_report.folder import RunFiles, find_run
@@ -102,7 +102,7 @@ class HangReport:
         wrong = [f for f in self.findings if f.kind not in CANNOT_TELL]
         if wrong or self.missing or self.stalled:
             return EXIT_FOUND
-        if self.empty:
+        if self.empty and not any(f.kind == HIDDEN for f in self.findings):  # C-PG-STATUS: dropped, not empty
             return EXIT_UNREADABLE
         return EXIT_FOUND if self.findings else EXIT_AGREE
 

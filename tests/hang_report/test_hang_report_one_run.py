@@ -135,14 +135,28 @@ def test_a_directory_named_like_a_dump_is_exit_2_by_its_kind(tmp_path: Path, cap
 
 
 def test_dumps_with_no_entry_are_exit_2_one_line(tmp_path: Path, capfd) -> None:
+    """A recorder that recorded nothing (Gloo's p2p, TORCH_FR_BUFFER_SIZE=0): no entry, no pg_status row
+    (C-PG-STATUS: a group shows there once it recorded)."""
+    folder = _healthy(tmp_path / "folder")
+    for rank in range(4):
+        path = folder / f"{PREFIX}{rank}"
+        raw = pickle.loads(path.read_bytes())
+        path.write_bytes(pickle.dumps({**raw, "entries": [], "pg_status": {}}))
+    code, out, err = _run(folder, capfd)
+    assert code == 2 and not out
+    _one_line(err, f"{folder}: its 4 dumps hold no entry to compare")
+
+
+def test_dumps_with_no_entry_whose_pg_status_counts_ops_are_cannot_tell(tmp_path: Path, capfd) -> None:
+    """C-PG-STATUS, C-ONLY-ACTIVE, H-ONLY-ACTIVE: no entry, yet pg_status counts recorded ops: only-active dumps
+    dropped them, and a hung NCCL2 batch leaves nothing: exit 1, cannot tell, naming what is missing."""
     folder = _healthy(tmp_path / "folder")
     for rank in range(4):
         path = folder / f"{PREFIX}{rank}"
         raw = pickle.loads(path.read_bytes())
         path.write_bytes(pickle.dumps({**raw, "entries": []}))
-    code, out, err = _run(folder, capfd)
-    assert code == 2 and not out
-    _one_line(err, f"{folder}: its 4 dumps hold no entry to compare")
+    code, out, _ = _run(folder, capfd)
+    assert code == 1 and out.startswith("cannot tell: the 4 dumps hold no entry, yet rank 0's pg_status counts"), out
 
 
 def test_json_is_bounded_by_the_input_not_by_a_world_it_states(tmp_path: Path, capfd) -> None:

@@ -383,9 +383,12 @@ def _absent_means_unposted(play: _Play, rank: int) -> bool:
     """Whether an op of the incident's group missing from ``rank``'s dump was never posted (rather than completed
     and dropped): always in a full dump; in an only-active one (``C-ONLY-ACTIVE``) only where ``pg_status`` can say
     (``L-PG-STATUS``): the group ran no p2p work, and an entry of it survives on ``rank`` to tie its ``pg_id``
-    (``C-PG-ID``). NCCL2's ``pg_status`` counts ``op_id``\\s: judged the same way (``H-PG-STATUS``)."""
+    (``C-PG-ID``). NCCL2's ``pg_status`` counts ``op_id``\\s: judged the same way (``H-PG-STATUS``). A rank that
+    recorded nothing at all dropped nothing: its dump has no ``pg_status`` row (``C-PG-STATUS``)."""
     r = play.r
     if not r.only_active:
+        return True
+    if not play.ranks[rank].entries:  # C-PG-STATUS: a rank that recorded nothing has no pg_status row, drops nothing
         return True
     if r.p2p_history or r.recorder != "legacy":
         return False
