@@ -22,7 +22,13 @@ seen already (a circle is :mod:`.cycles`'s, looked for before). A rank is held i
   its NCCL recorder's ``pg_status`` does not count it as ended (``last_completed_collective`` below its number:
   ``docs/recorder-semantics.md`` L-PG-STATUS, H-PG-STATUS). The root is then what cannot be told, never a rank
   guessed. Where the dump has no status for the group, or the recorder is Gloo's (:data:`_STATUS_OF_NCCL`), the rank
-  is not held (the walk stops, as before).
+  is not held (the walk stops, as before);
+* or it waits in an op whose finding is ``unclear`` (someone waits there and no buffer reaches back to tell who kept
+  it) and is still blocked in it: the root is then unclear, never a rank guessed;
+* or it is a member of a ``hidden`` finding's group whose part in that op its recorder hides (NCCL2 records a
+  batch's ops completed when queued, and no closing record: H-BATCH-DONE, H-NO-CLOSE; an only-active dump drops
+  what may have been a completed entry: C-ONLY-ACTIVE), not known to wait there, and it finished nothing created
+  after it: whether it is held there cannot be told, and the root is what cannot be told.
 
 A rank named by the wait and held nowhere else stops the walk: it may well never have come, and naming it is the
 answer. The walk's steps are kept (:func:`chain_of`), so that the line can say who waits on the root.
@@ -32,7 +38,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from nemo_rl_shim.hang_report.analysis import Finding, pg_status_counts_done
+from nemo_rl_shim.hang_report.analysis import HIDDEN, Finding, pg_status_counts_done
 from nemo_rl_shim.hang_report.cycles import blocked_in
 from nemo_rl_shim.hang_report.records import Entry, RankDump
 
@@ -57,13 +63,28 @@ def _holds(finding: Finding, rank: int, dumps: Mapping[int, RankDump]) -> bool:
         if rank not in finding.ranks or entry is None or dump is None or entry.lib not in _STATUS_OF_NCCL:
             return False
         return blocked_in(dumps, rank, finding.group, finding.seq) and pg_status_counts_done(dump, entry) is False
+    if finding.kind == HIDDEN:  # H-BATCH-DONE, C-ONLY-ACTIVE: the recorder hides whether it is held there
+        return _hidden_from(dumps.get(rank), rank, finding)
     if rank not in finding.waiting:
         return False
+    if finding.kind == "unclear":  # it waits in that op, and no buffer tells who kept it there
+        return blocked_in(dumps, rank, finding.group, finding.seq)
     if finding.kind == "p2p":
         return True  # it waits in its unfinished send or recv
     if finding.kind in ("stall", "missing"):
         return blocked_in(dumps, rank, finding.group, finding.seq)
     return False
+
+
+def _hidden_from(dump: RankDump | None, rank: int, finding: Finding) -> bool:
+    """Whether ``rank``'s part in a ``hidden`` finding's op is what its recorder hides: a member of the group that is
+    not among the ranks known to wait there (NCCL2's batch read completed when queued, H-BATCH-DONE; an only-active
+    dump that dropped what may have been a completed entry, C-ONLY-ACTIVE), and that finished no op created after
+    it (one that did went on past it)."""
+    if dump is None or rank not in finding.group.ranks or rank in finding.waiting:
+        return False
+    later = (e for e in (dump.latest, *dump.last.values(), *dump.p2p_last.values()) if e is not None)
+    return not any(e.created_ns > finding.created_ns and dump.finished(e) for e in later)
 
 
 def _its_op(finding: Finding, rank: int, dump: RankDump | None) -> Entry | None:

@@ -156,3 +156,31 @@ def test_a_gloo_ranks_status_holds_it_nowhere() -> None:
     for r in TP.ranks:
         dumps[r] = dump(r, TP.entries[r], recorder=GLOO, lib="gloo", pg_status={"tp": {"last_completed_collective": 1}})
     assert _kind(findings, dumps) == ("never_came", (4,))
+
+
+def test_a_rank_waited_on_that_waits_where_no_buffer_tells_who_kept_it_is_unclear_not_named() -> None:
+    """The root is an ``unclear`` finding where the rank waited on still waits in its op: unclear, never that rank
+    as the one that never came (#42's seed 59)."""
+    _in_tp()
+    unclear = Finding("unclear", TP, [], 2, "all_reduce", [4], None, 2_000)
+    findings = [_waiting_in_dp(), unclear]
+    assert root_of(findings[0], findings, _dumps(**{"4": _held(4)})) is unclear
+    assert _kind(findings, _dumps(**{"4": _held(4)}))[0] == "unclear"
+    TP.entries[4] = entry("tp", 2, state="completed", created_ns=2_000)  # it finished it, and went on
+    assert root_of(findings[0], findings, _dumps(**{"4": _held(4, seq=3)})) is findings[0]
+
+
+def test_a_rank_whose_part_its_recorder_hides_makes_the_root_what_cannot_be_told() -> None:
+    """H-BATCH-DONE, C-ONLY-ACTIVE: a member of a ``hidden`` finding's group, not known to wait there, that finished
+    nothing after it: whether it is held there cannot be told (#42's seeds 126, 156, 163)."""
+    _in_tp()
+    hidden = Finding("hidden", TP, [], 2, "recv", [5], None, 2_000)
+    findings = [_waiting_in_dp(), hidden]
+    assert root_of(findings[0], findings, _dumps()) is hidden
+    assert _kind(findings, _dumps())[0] == "cannot_tell"
+    waits_there = Finding("hidden", TP, [], 2, "recv", [4, 5], None, 2_000)  # rank 4 is known to wait: not hidden
+    assert root_of(findings[0], [findings[0], waits_there], _dumps()) is findings[0]
+    went_on = _dumps(**{"4": {"latest": entry("tp", 3, state="completed", created_ns=2_500)}})
+    assert root_of(findings[0], findings, went_on) is findings[0]  # it finished an op after it: it went on
+    other = Finding("hidden", group("pp", (5, 6)), [], 2, "recv", [5], None, 2_000)
+    assert root_of(findings[0], [findings[0], other], _dumps()) is findings[0]  # rank 4 is not of that group

@@ -22,10 +22,7 @@ SEEDS = {
     155: "into a collective none finished, through the default group (tp pairs), legacy 2.11",
     175: "into a collective none finished, through the default group (tp pairs), legacy 2.10",
     187: "into a collective none finished, past a batch's members left scheduled (L-COAL-MEMBERS), legacy 2.10",
-}
-#: seed -> where the root cannot be told: the rank waited on is in a collective no recorder says finished.
-HONEST = {
-    169: "legacy 2.9, no entry of the incident's ranks marked finished: cannot tell, was 'never came: rank 0'",
+    169: "into a collective none finished, legacy 2.9: none marked finished, pg_status says none ended (L-PG-STATUS)",
 }
 
 
@@ -39,9 +36,19 @@ def test_a_cascade_names_its_root_not_the_rank_the_free_ranks_wait_on(tmp_path, 
     assert " wait on it in _reduce_scatter_base #" in kind.line or " waits on it in _reduce_scatter_base #" in kind.line
 
 
-@pytest.mark.parametrize("seed", list(HONEST), ids=[f"{s}: {why}" for s, why in HONEST.items()])
-def test_a_cascade_into_a_collective_no_recorder_says_finished_cannot_tell(tmp_path, seed: int) -> None:
+#: seed -> why its root cannot be told: the rank waited on is one whose part its recorder hides (or keeps unclear).
+HIDDEN_ROOTS = {
+    59: "only-active, two members: the rank waited on waits where no buffer tells who kept it (unclear)",
+    126: "only-active: the rank waited on may have sent, eagerly, and dropped the record",
+    156: "NCCL2: the rank waited on is in a batch recorded completed when queued (H-BATCH-DONE)",
+    163: "only-active: the rank waited on may have finished tp's all_reduce, or never posted it",
+}
+
+
+@pytest.mark.parametrize("seed", list(HIDDEN_ROOTS), ids=[f"{s}: {why}" for s, why in HIDDEN_ROOTS.items()])
+def test_a_cascade_into_what_the_recorder_hides_cannot_tell(tmp_path, seed: int) -> None:
+    """Each was "never came: rank N did not enter _reduce_scatter_base ... on dp", a rank the rules cannot blame."""
     scenario = draw(seed, tmp_path)
-    kind = read_run(scenario.directory).kind
-    assert kind.name in CANNOT_TELL and kind.ranks != (0,), kind.line
-    assert kind.line.startswith("cannot tell whether ranks 0-3 finished all_reduce #1 on tp"), kind.line
+    report = read_run(scenario.directory)
+    assert report.exit_code == 1 and report.kind.name in CANNOT_TELL, report.line
+    assert scenario.truth.kinds == CANNOT_TELL
