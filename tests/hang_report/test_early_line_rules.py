@@ -35,10 +35,10 @@ ENOUGH = 40  # tp all_reduces both ranks finished (more than a window: rank 0 is
 
 
 def _world(directory: Path, after: int, protocols: tuple[int, int] = (2, 2), stall: bool = True,
-           enough: int = ENOUGH) -> Path:  # fmt: skip
+           enough: int = ENOUGH, clock: Clock | None = None) -> Path:  # fmt: skip
     """Ranks 0 and 1 finish ``ENOUGH`` all_reduces on tp; rank 0 enters the next and waits (unless not ``stall``);
     rank 1 then runs ``after`` all_reduces on a group of its own: its last tp entry is ``after + 1`` entries back."""
-    clock = Clock()
+    clock = clock or Clock()
     solo = Group("2", "mesh_solo", (1,))
     ranks = [Rank(0, [TP], clock), Rank(1, [TP, solo], clock)]
     for _ in range(enough):
@@ -217,3 +217,13 @@ def test_a_rank_that_cannot_be_read_further_leaves_the_line_to_the_full_reading(
     assert _quick(directory) is None
     monkeypatch.setattr("nemo_rl_shim.hang_report.early_line.read_window", read_window)
     assert _quick(directory) is not None
+
+
+def test_a_folder_of_two_runs_gets_no_early_line(tmp_path: Path) -> None:
+    """Which run is meant, only the full reading says (:mod:`nemo_rl_shim.hang_report.run_split`): rank 1's dump from
+    a run a day older gives no early line, while the run's own two dumps give one."""
+    assert _quick(_world(tmp_path / "one", after=0)) is not None
+    older = _world(tmp_path / "older", after=0, clock=Clock(now_ns=Clock().now_ns - 86_400 * 10**9))
+    folder = _world(tmp_path / "two", after=0)
+    (folder / "nccl_trace_rank_1").write_bytes((older / "nccl_trace_rank_1").read_bytes())
+    assert _quick(folder) is None
