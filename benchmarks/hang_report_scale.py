@@ -57,7 +57,7 @@ if __package__ in (None, ""):  # run as a script: make ``benchmarks`` and ``test
 
 from benchmarks._common import ROOT, environment, print_table, write_results
 
-__all__ = ["generate", "generate_stacks", "main", "measure"]
+__all__ = ["first_line_wrong", "generate", "generate_stacks", "main", "measure"]
 
 TP = 8
 ROUNDS = 1000
@@ -265,6 +265,7 @@ def _child_report(directory: str) -> None:
                 "own_report_cpu_s": round(work_cpu, 2),  # this process's CPU in read_run (no imports)
                 "readers": loader_readers,
                 "line": report.line,
+                "kind": report.kind.to_json(),
                 "exit_code": report.exit_code,
                 "text_lines": len(text.splitlines()),
                 "longest_text_line": max(len(line) for line in text.splitlines()),
@@ -344,16 +345,44 @@ def measure(world: int, base: Path, with_torch: bool) -> dict[str, Any]:
     report = facts["hang_report"]
     facts["target_s"] = TARGETS_S.get(world)
     facts["target_peak_mb"] = TARGET_PEAK_MB.get(world)
+    facts["first_line_wrong"] = first_line_wrong(report, world)
     facts["meets_target"] = bool(
         report.get("wall_s") is not None
         and report["wall_s"] <= TARGETS_S.get(world, float("inf"))
         and max(report.get("peak_mb", 0), report.get("peak_reader_mb", 0)) <= TARGET_PEAK_MB.get(world, float("inf"))
-        and str(report.get("line", "")).startswith(f"rank {culprit(world)} did not enter all_reduce #{ROUNDS + 1} on")
-        and "at /job/nemo_rl/data/loader.py:57 in load_batch" in str(report.get("line", ""))
-        and str(report.get("line", "")).endswith(f"waited 600.0 s in it at {_WORKER}:640 in train")
+        and not facts["first_line_wrong"]
         and facts["floor"]["meets_target"]
     )
     return facts
+
+
+#: The kind the first line must give: the culprit never entered its tp group's all_reduce, stuck in Python (its
+#: stack, in its data loading, says so).
+EXPECTED_KIND = ("never_came", "python")
+
+
+def first_line_wrong(report: dict[str, Any], world: int) -> list[str]:
+    """What is wrong with the report's first line and kind (empty where nothing is): the kind and its variant
+    (:data:`EXPECTED_KIND`), its ranks (the culprit alone), and the line's facts: the op and number the culprit did
+    not enter, its group's ranks, the culprit's place from its stack, and its peers' place from their dumps."""
+    line, kind = str(report.get("line", "")), report.get("kind") or {}
+    stalled, group = culprit(world), culprit(world) // TP * TP
+    peers = f"ranks {group}-{stalled - 1}, {stalled + 1}-{group + TP - 1}"
+    label = f"{kind.get('label')}: "
+    wrong = []
+    if (kind.get("name"), kind.get("variant")) != EXPECTED_KIND:
+        wrong.append(f"kind {kind.get('name')}/{kind.get('variant')}, expected {'/'.join(EXPECTED_KIND)}")
+    if kind.get("ranks") != [stalled]:
+        wrong.append(f"ranks {kind.get('ranks')}, expected [{stalled}]")
+    if not line.startswith(label):
+        wrong.append(f"the line does not start with its kind's label {label!r}")
+    expected = (
+        f"rank {stalled} did not enter all_reduce #{ROUNDS + 1} on tp, ranks {group}-{group + TP - 1}",
+        "at /job/nemo_rl/data/loader.py:57 in load_batch",
+        f"{peers} waited 600.0 s in it at {_WORKER}:640 in train",
+    )
+    wrong += [f"the line lacks {part!r}" for part in expected if part not in line]
+    return wrong
 
 
 def _floor_facts(
