@@ -187,6 +187,7 @@ def run_readers(
         chunks.append(jobs[start : start + size])
         start += size
     running: dict[Any, tuple[Any, list[Job], list[int | None]]] = {}
+    done: list[Any] = []  # readers that sent their results, left to end (freeing their pages) while others start
     try:
         while chunks or running:
             while chunks and len(running) < readers:
@@ -197,11 +198,15 @@ def run_readers(
                 send.close()
                 running[receive] = (process, part, [None])
             for conn in multiprocessing.connection.wait(list(running)):
-                yield from _receive(conn, running)
+                results = _receive(conn, running, done)
+                if results:
+                    yield from results
     finally:
         for process, _, _ in running.values():
             process.kill()
             process.join()
+        for process in done:  # reaped if it has ended; else by multiprocessing, at its next start or at exit
+            process.join(0)
 
 
 def chunk_sizes(count: int, readers: int) -> list[int]:
@@ -217,8 +222,12 @@ def chunk_sizes(count: int, readers: int) -> list[int]:
     return sizes
 
 
-def _receive(conn: Any, running: dict[Any, tuple[Any, list[Job], list[int | None]]]) -> Iterator[Any]:
-    """One message from a reader: the index it starts, its results, or why it stopped."""
+def _receive(
+    conn: Any, running: dict[Any, tuple[Any, list[Job], list[int | None]]], done: list[Any]
+) -> list[Any] | None:
+    """One message from a reader: the index it starts (None), its results, or why it stopped (raised). A reader that
+    sent its results is not waited for: it ends on its own (a reader that kept 64 dumps takes tens of milliseconds
+    to give its pages back), and :func:`run_readers` starts the next one meanwhile."""
     process, part, at = running[conn]
     try:
         status, payload = conn.recv()
@@ -226,18 +235,19 @@ def _receive(conn: Any, running: dict[Any, tuple[Any, list[Job], list[int | None
         status, payload = "ended", None
     if status == "start":
         at[0] = payload
-        return
+        return None
     running.pop(conn)
     conn.close()
+    if status == "ok":
+        done.append(process)
+        return payload
     process.join()
     files_bytes = sum(_file_size(j.path) for j in part)
     if status == "ended":
         raise _ended(part, at[0], process.exitcode, files_bytes)
     if status == "memory":
         raise _memory(part, at[0], files_bytes)
-    if status != "ok":
-        raise DumpError(payload)
-    yield from payload
+    raise DumpError(payload)
 
 
 def _readers(count: int) -> int:
