@@ -1,7 +1,8 @@
 """``hang-report`` at cluster scale: 1,024 ranks (dp 128 x tp 8) of 2,000 NCCL-format entries each, and 8,192.
 
-The dumps follow torch's NCCL schema (:mod:`tests.harness.nccl_format_dumps`: entries key for key as
-``FlightRecorderDetail.hpp`` writes them, three stack frames each, as the watchdog includes them: torch's
+The dumps follow torch's NCCL schema, pickled as torch's C++ pickler writes them (protocol 2)
+(:mod:`tests.harness.nccl_format_dumps`: entries key for key as ``FlightRecorderDetail.hpp`` writes them, three
+stack frames each, as the watchdog includes them: torch's
 ``all_reduce`` or ``reduce_scatter_tensor``, its logger's wrapper, and the policy worker's ``train``, where a
 step calls them; one dict per distinct frame, shared by every entry, as torch pickles them).
 Each rank ran 1,000 tp all_reduces and 1,000 dp reduce_scatters (input 1,024 x the dp size, output
@@ -128,7 +129,8 @@ def generate(directory: Path, world: int) -> dict[str, Any]:
         if rank // TP == culprit_group and rank != stalled:
             recorder.collective(tp, "all_reduce", ((1024,),), state="scheduled")
         _set_frames(recorder.entries[-2 * ROUNDS :])
-        write(directory, recorder, buffer=2 * ROUNDS)
+        path = write(directory, recorder, buffer=2 * ROUNDS)
+        path.write_bytes(pickle.dumps(pickle.loads(path.read_bytes()), protocol=TORCH_PROTOCOL))
     facts = {
         "frames_version": FRAMES_VERSION,
         "ranks": world,
@@ -142,8 +144,12 @@ def generate(directory: Path, world: int) -> dict[str, Any]:
 
 _TORCH = "/opt/venv/lib/python3.12/site-packages/torch"
 _STDLIB = "/usr/lib/python3.12"
-#: The frames of the dumps' entries, as a step calls each op (bumped when they change: cached dumps are rewritten).
-FRAMES_VERSION = 2
+#: The frames of the dumps' entries, as a step calls each op, and the pickle protocol (bumped when they change:
+#: cached dumps are rewritten). 3: protocol 2, as torch's C++ pickler writes a dump (before: Python's default, 4,
+#: which the quick first line does not read: :mod:`nemo_rl_shim.hang_report.newest_entries`).
+FRAMES_VERSION = 3
+#: The protocol torch writes its dumps in (``BINPUT`` memo slots; equal strings written once).
+TORCH_PROTOCOL = 2
 _WORKER = "/job/nemo_rl/models/policy/dtensor_policy_worker.py"
 _CALLED = {
     "all_reduce": [("all_reduce", f"{_TORCH}/distributed/distributed_c10d.py", 2868), ("train", _WORKER, 640)],
