@@ -146,7 +146,9 @@ def _load(path: Path, root: Path | None) -> tuple[dict[str, Any], int, tuple[int
         raise DumpError(f"{e}{f' (the cap: {how})' if 'more than a dump' in str(e) else ''}") from None
     was_enabled = gc.isenabled()
     gc.disable()  # as torch's loader does: unpickling many small dicts otherwise runs the collector again and again
-    handle = io.BytesIO(data)
+    # a reader with peek: the C unpickler then reads from its buffer; on a bare BytesIO it calls read() once per
+    # opcode, and a protocol 2 dump (torch's, no frames) unpickles 2.6x slower (#42: 14.1 against 5.4 ms a dump)
+    handle = io.BufferedReader(io.BytesIO(data), buffer_size=1 << 20)
     try:
         raw = load_plain(handle)
     except RefusedPickle as e:

@@ -50,6 +50,7 @@ __all__ = [
     "Entry",
     "Job",
     "RankDump",
+    "chunk_sizes",
     "confirm_dumps",
     "dump_prefixes",
     "find_dumps",
@@ -64,9 +65,10 @@ __all__ = [
 #: Above this many files, up to :data:`MAX_READERS` readers run at once.
 PARALLEL_FROM = 32
 MAX_READERS = 8
-#: Files per reader process.
+#: Files per reader process: at most :data:`CHUNK`; as the files left run out, fewer (a share of what is left), down
+#: to :data:`MIN_CHUNK`, so that the readers end together (:func:`chunk_sizes`).
 CHUNK = 64
-MIN_CHUNK = 16
+MIN_CHUNK = 8
 #: A reader's CPU seconds: this many, plus :data:`CPU_S_PER_MB` per MiB it reads (an honest dump reads at about
 #: 20 ms per MiB here: the limit is far above what any honest dump needs, and stops what is not).
 CPU_BASE_S = 10
@@ -179,9 +181,13 @@ def run_readers(
     """``work(job, keep)`` for every job, in forked readers (see the module docstring), ``readers`` at a time, each
     a chunk of jobs; results as each chunk ends. :class:`DumpError` naming the file where one fails or is stopped."""
     context = multiprocessing.get_context("fork")  # the readers need nothing but this module, already imported
-    size = chunk or max(MIN_CHUNK, min(CHUNK, len(jobs) // (readers * 4)))
-    chunks = deque(jobs[i : i + size] for i in range(0, len(jobs), size))
+    chunks: deque[list[Job]] = deque()
+    start = 0
+    for size in chunk_sizes(len(jobs), readers) if chunk is None else [chunk] * -(-len(jobs) // chunk):
+        chunks.append(jobs[start : start + size])
+        start += size
     running: dict[Any, tuple[Any, list[Job], list[int | None]]] = {}
+    done: list[Any] = []  # readers that sent their results, left to end (freeing their pages) while others start
     try:
         while chunks or running:
             while chunks and len(running) < readers:
@@ -192,15 +198,36 @@ def run_readers(
                 send.close()
                 running[receive] = (process, part, [None])
             for conn in multiprocessing.connection.wait(list(running)):
-                yield from _receive(conn, running)
+                results = _receive(conn, running, done)
+                if results:
+                    yield from results
     finally:
         for process, _, _ in running.values():
             process.kill()
             process.join()
+        for process in done:  # reaped if it has ended; else by multiprocessing, at its next start or at exit
+            process.join(0)
 
 
-def _receive(conn: Any, running: dict[Any, tuple[Any, list[Job], list[int | None]]]) -> Iterator[Any]:
-    """One message from a reader: the index it starts, its results, or why it stopped."""
+def chunk_sizes(count: int, readers: int) -> list[int]:
+    """How many files each reader process reads, in turn, for ``count`` files and ``readers`` at a time: half of
+    a reader's share of the files left (at most :data:`CHUNK`, at least :data:`MIN_CHUNK`), so that the last chunks
+    are small and the readers end within a few files of each other (a reader of :data:`CHUNK` files started last
+    would leave the others idle for most of its time)."""
+    sizes, left = [], count
+    while left > 0:
+        size = min(left, max(MIN_CHUNK, min(CHUNK, left // (readers * 2))))
+        sizes.append(size)
+        left -= size
+    return sizes
+
+
+def _receive(
+    conn: Any, running: dict[Any, tuple[Any, list[Job], list[int | None]]], done: list[Any]
+) -> list[Any] | None:
+    """One message from a reader: the index it starts (None), its results, or why it stopped (raised). A reader that
+    sent its results is not waited for: it ends on its own (a reader that kept 64 dumps takes tens of milliseconds
+    to give its pages back), and :func:`run_readers` starts the next one meanwhile."""
     process, part, at = running[conn]
     try:
         status, payload = conn.recv()
@@ -208,18 +235,19 @@ def _receive(conn: Any, running: dict[Any, tuple[Any, list[Job], list[int | None
         status, payload = "ended", None
     if status == "start":
         at[0] = payload
-        return
+        return None
     running.pop(conn)
     conn.close()
+    if status == "ok":
+        done.append(process)
+        return payload
     process.join()
     files_bytes = sum(_file_size(j.path) for j in part)
     if status == "ended":
         raise _ended(part, at[0], process.exitcode, files_bytes)
     if status == "memory":
         raise _memory(part, at[0], files_bytes)
-    if status != "ok":
-        raise DumpError(payload)
-    yield from payload
+    raise DumpError(payload)
 
 
 def _readers(count: int) -> int:
