@@ -108,8 +108,14 @@ def _stopped_at(dump: RankDump | None, entry: Entry | None) -> bool:
 def held_in(
     rank: int, findings: Sequence[Finding], dumps: Mapping[int, RankDump], but: Finding | None = None
 ) -> Finding | None:
-    """The first finding (other than ``but``) whose op holds ``rank``, or None."""
-    return next((f for f in findings if f is not but and _holds(f, rank, dumps)), None)
+    """The first finding (other than ``but``) whose op holds ``rank``, or None. From a point-to-point finding, a
+    ``hidden`` one holds no rank: the p2p finding rests on a send or receive its recorder shows unfinished, which
+    outside a batch NCCL2 records as it is (H-BATCH-DONE is about batched ops), so what a batch hides does not
+    overrule it."""
+    direct = but is not None and but.kind == "p2p"
+    return next(
+        (f for f in findings if f is not but and not (direct and f.kind == HIDDEN) and _holds(f, rank, dumps)), None
+    )
 
 
 def chain_of(first: Finding, findings: Sequence[Finding], dumps: Mapping[int, RankDump]) -> list[Finding]:

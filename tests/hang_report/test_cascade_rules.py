@@ -184,3 +184,14 @@ def test_a_rank_whose_part_its_recorder_hides_makes_the_root_what_cannot_be_told
     assert root_of(findings[0], findings, went_on) is findings[0]  # it finished an op after it: it went on
     other = Finding("hidden", group("pp", (5, 6)), [], 2, "recv", [5], None, 2_000)
     assert root_of(findings[0], [findings[0], other], _dumps()) is findings[0]  # rank 4 is not of that group
+
+
+def test_what_a_batch_hides_does_not_overrule_a_send_shown_unfinished() -> None:
+    """From a point-to-point finding (a send its recorder shows unfinished, outside a batch), a ``hidden`` finding on
+    the peer's group holds nobody: the p2p stall stands (the hang-report scenario ``nccl2_batched_p2p_stall``)."""
+    _in_tp()
+    waits = p2p(TP, 5, [4], seq=3)
+    hidden = Finding("hidden", TP, [], 2, "recv", [], None, 2_000)
+    assert root_of(waits, [waits, hidden], _dumps()) is waits
+    stalled = _waiting_in_dp()
+    assert root_of(stalled, [stalled, hidden], _dumps()) is hidden  # from a collective's stall, it does
