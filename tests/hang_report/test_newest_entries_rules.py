@@ -10,6 +10,7 @@ it. The catalogue's cases: tests/hang_report/test_hang_report_early_line.py.
 from __future__ import annotations
 
 import dataclasses
+import io
 import os
 import pickle
 from pathlib import Path
@@ -551,3 +552,41 @@ def test_window_entries_without_a_creation_time(tmp_path: Path) -> None:
     raw["entries"][-1]["time_created_ns"] = 7
     found = _window(_write(tmp_path, raw), 10)
     assert found is not None and found.dump.window_oldest_ns == 7
+
+
+def _first_key_at(data: bytes) -> int:
+    """Where the first entry's first key starts: after ``entries``, its list's MARK and the entry's ``}`` and MARK."""
+    opened = newest_entries._ENTRIES_OPEN.search(data)
+    assert opened is not None
+    entry = newest_entries._ENTRY_OPEN.match(data, opened.end())
+    assert entry is not None
+    return entry.end()
+
+
+def test_the_guess_takes_a_first_key_that_is_already_a_memo_reference() -> None:
+    """A first key the pickle wrote before the entries (here a top-level key of the same text) is a reference to its
+    memo slot, not a string: the guess uses that reference as it is, as the walk does."""
+    raw = _steady(5).dump()
+    first = next(iter(raw["entries"][0]))
+    data = pickle.dumps({first: 0, **raw}, protocol=2)
+    assert data[_first_key_at(data)] in (0x68, 0x6A)  # BINGET, LONG_BINGET
+    guess = newest_entries._found(data, 2)
+    assert guess is not None and guess == newest_entries._walk(data, 2)
+
+
+def test_the_guess_gives_up_on_a_first_key_without_a_memo_slot_or_cut_short() -> None:
+    """A first key written without a memo slot (a pickler in fast mode) gives the later entries nothing to refer to:
+    no guess. Nor where the data ends inside the first key, or before the wanted-th entry."""
+    raw = _steady(5).dump()
+    data = pickle.dumps(raw, protocol=2)
+    assert newest_entries._found(data, 2) is not None
+    buffer = io.BytesIO()
+    pickler = pickle.Pickler(buffer, protocol=2)
+    pickler.fast = True  # no memo: no BINPUT anywhere
+    pickler.dump(raw)
+    unmemoized = buffer.getvalue()
+    assert data[_first_key_at(unmemoized)] != 0x71 and newest_entries._found(unmemoized, 2) is None
+    key = _first_key_at(data)
+    for cut in (key + 1, key + 5, key + 7):  # inside the key's length, inside its text
+        assert newest_entries._found(data[:cut], 2) is None, cut
+    assert newest_entries._found(data, 5) is None and newest_entries._found(data, 4) is not None  # 5 entries: no 6th
