@@ -590,3 +590,24 @@ def test_the_guess_gives_up_on_a_first_key_without_a_memo_slot_or_cut_short() ->
     for cut in (key + 1, key + 5, key + 7):  # inside the key's length, inside its text
         assert newest_entries._found(data[:cut], 2) is None, cut
     assert newest_entries._found(data, 5) is None and newest_entries._found(data, 4) is not None  # 5 entries: no 6th
+
+
+def test_the_guess_on_a_head_cut_anywhere_is_nothing_or_what_the_walk_finds() -> None:
+    """The guess (:func:`newest_entries._found`) on the first bytes of a dump, cut at every byte: it never raises, and
+    it finds nothing or what the walk (:func:`newest_entries._walk`) finds on the same bytes; on the whole head it
+    finds it. For each way an entry's first key is written: a string with a memo slot, a reference, no memo."""
+    raw = _steady(4).dump()
+    first = next(iter(raw["entries"][0]))
+    buffer = io.BytesIO()
+    pickler = pickle.Pickler(buffer, protocol=2)
+    pickler.fast = True
+    pickler.dump(raw)
+    for data in (pickle.dumps(raw, protocol=2), pickle.dumps({first: 0, **raw}, protocol=2), buffer.getvalue()):
+        key = _first_key_at(data)
+        end = len(data) if data is buffer.getvalue() else key + 64
+        for cut in range(key - 2, min(end, len(data)) + 1):
+            part = data[:cut]
+            guess = newest_entries._found(part, 2)
+            assert guess is None or guess == newest_entries._walk(part, 2), cut
+    whole = pickle.dumps(raw, protocol=2)
+    assert newest_entries._found(whole, 2) == newest_entries._walk(whole, 2)
