@@ -46,7 +46,7 @@ STEPS = [
     "total",
 ]
 HARVESTED = ("held_after_batch", "held_on_new_group")
-SPENT_BUDGET_S = 15
+SPENT_BUDGET_S = 10  # the least a step may start with (MIN_STEP_S): only the first step starts, whatever its speed
 OUT_FILES = {"facts.json", "gpu_check.log", "harvest.tar.gz", "steps.tsv", "table.txt"}
 
 

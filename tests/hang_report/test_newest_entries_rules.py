@@ -554,7 +554,7 @@ def test_window_entries_without_a_creation_time(tmp_path: Path) -> None:
     assert found is not None and found.dump.window_oldest_ns == 7
 
 
-def _first_key_at(data: bytes) -> int:
+def _key_start(data: bytes) -> int:
     """Where the first entry's first key starts: after ``entries``, its list's MARK and the entry's ``}`` and MARK."""
     opened = newest_entries._ENTRIES_OPEN.search(data)
     assert opened is not None
@@ -569,7 +569,7 @@ def test_the_guess_takes_a_first_key_that_is_already_a_memo_reference() -> None:
     raw = _steady(5).dump()
     first = next(iter(raw["entries"][0]))
     data = pickle.dumps({first: 0, **raw}, protocol=2)
-    assert data[_first_key_at(data)] in (0x68, 0x6A)  # BINGET, LONG_BINGET
+    assert data[_key_start(data)] in (0x68, 0x6A)  # BINGET, LONG_BINGET
     guess = newest_entries._found(data, 2)
     assert guess is not None and guess == newest_entries._walk(data, 2)
 
@@ -585,8 +585,8 @@ def test_the_guess_gives_up_on_a_first_key_without_a_memo_slot_or_cut_short() ->
     pickler.fast = True  # no memo: no BINPUT anywhere
     pickler.dump(raw)
     unmemoized = buffer.getvalue()
-    assert data[_first_key_at(unmemoized)] != 0x71 and newest_entries._found(unmemoized, 2) is None
-    key = _first_key_at(data)
+    assert data[_key_start(unmemoized)] != 0x71 and newest_entries._found(unmemoized, 2) is None
+    key = _key_start(data)
     for cut in (key + 1, key + 5, key + 7):  # inside the key's length, inside its text
         assert newest_entries._found(data[:cut], 2) is None, cut
     assert newest_entries._found(data, 5) is None and newest_entries._found(data, 4) is not None  # 5 entries: no 6th
@@ -603,7 +603,7 @@ def test_the_guess_on_a_head_cut_anywhere_is_nothing_or_what_the_walk_finds() ->
     pickler.fast = True
     pickler.dump(raw)
     for data in (pickle.dumps(raw, protocol=2), pickle.dumps({first: 0, **raw}, protocol=2), buffer.getvalue()):
-        key = _first_key_at(data)
+        key = _key_start(data)
         end = len(data) if data is buffer.getvalue() else key + 64
         for cut in range(key - 2, min(end, len(data)) + 1):
             part = data[:cut]
