@@ -110,6 +110,8 @@ def test_the_worlds_ran_as_intended(worlds) -> None:
         crossed,
         worlds["crossed"]["errors"],
     )
+    # Each rank dumped once Gloo's worker had retired its timed-out work (G-RETIRE; torch_fr._until_retired)
+    assert all(crossed[r]["retired_after_s"] is not None for r in range(4)), crossed
     for name in ("sub_group_stall", "mismatch", "p2p_stall", "batched_p2p_stall", "healthy", "crossed"):
         assert sorted(_dumps(worlds[name])) == [0, 1, 2, 3], (name, worlds[name]["errors"])
 
@@ -267,7 +269,8 @@ def test_every_rank_waiting_in_a_collective_is_never_every_rank_agrees(worlds) -
     now exit 1: Gloo's recorder never says a collective finished."""
     _recorded(worlds["crossed"])
     dumps = _dumps(worlds["crossed"])
-    assert all(e["retired"] and e["state"] == "scheduled" for d in dumps.values() for e in d["entries"])
+    unlike = [(r, e.get("op_id"), e["retired"], e["state"]) for r, d in dumps.items() for e in d["entries"]]
+    assert all(retired and state == "scheduled" for _, _, retired, state in unlike), unlike
     assert {d["pg_status"]["1"]["last_completed_collective"] for d in dumps.values()} == {1}, "Gloo counts it done"
     outcome = run_capped("hang-report", "--world", "4", str(worlds["crossed"]["dir"]))
     assert outcome.code == 1 and 0 < outcome.cpu_s < SECONDS and outcome.peak_mb < PEAK_MB, outcome

@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime
 import inspect
 import os
+import pickle
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -188,7 +189,25 @@ def _crossed(params: dict[str, Any]) -> dict[str, Any]:
     all_out("first")
     out["second"] = _try(lambda: dist.all_reduce(torch.ones(4), group=second))
     all_out("second")
+    out["retired_after_s"] = _until_retired(_RETIRE_S)
     return out
+
+
+#: How long a rank waits for Gloo's worker to retire the work whose exception it already saw (G-RETIRE in
+#: docs/recorder-semantics.md: the worker retires it after ``execute`` returns, so the user thread can dump first;
+#: CI caught one such dump on 2026-12-04).
+_RETIRE_S = 20.0
+
+
+def _until_retired(limit_s: float) -> float | None:
+    """Seconds until every entry of this rank's recorder is retired, polled every 10 ms; None past ``limit_s``."""
+    start = time.monotonic()
+    while time.monotonic() - start < limit_s:
+        entries = pickle.loads(torch._C._distributed_c10d._dump_fr_trace()).get("entries", [])
+        if all(e.get("retired") for e in entries):
+            return round(time.monotonic() - start, 3)
+        time.sleep(0.01)
+    return None
 
 
 SCENARIOS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
