@@ -54,7 +54,7 @@ import torch
 import torch.distributed as dist
 
 from nemo_rl_shim.config.settings import FlightRecorderSettings
-from nemo_rl_shim.flight_recorder import stack_watchdog
+from nemo_rl_shim.flight_recorder import p2p_log, stack_watchdog
 from nemo_rl_shim.flight_recorder.groups import every_group, group_map, held_names
 from nemo_rl_shim.flight_recorder.names import (
     DUMP_FILE_NAME,
@@ -180,6 +180,7 @@ def record_groups(context: Any) -> None:
     with _State.lock:
         _write_sidecar(rank, every_group(_State.groups), held_names())
     if gloo:
+        p2p_log.install()  # G-NO-P2P: Gloo's recorder writes no send or recv; the dump carries the shim's log
         threading.Thread(target=_watch, args=(generation,), name="nemo-rl-shim-fr-watcher", daemon=True).start()
 
 
@@ -340,6 +341,9 @@ def dump_now(reason: str, *, overwrite: bool = True) -> Path | None:
     }
     if recorders:
         trace["nemo_rl_shim"]["recorders"] = recorders
+    p2p = p2p_log.snapshot()
+    if p2p is not None:
+        trace["nemo_rl_shim"]["p2p"] = p2p
     _write_atomically(path, pickle.dumps(trace))
     return path
 

@@ -70,6 +70,8 @@ from nemo_rl_shim.hang_report.recorder_evidence import (
 )
 from nemo_rl_shim.hang_report.recording_rules import unexplained
 from nemo_rl_shim.hang_report.records import DumpError, Entry, GroupKey, RankDump
+from nemo_rl_shim.hang_report.shim_p2p import LIB as LOGGED_LIB
+from nemo_rl_shim.hang_report.shim_p2p import posted as logged_posted
 from nemo_rl_shim.hang_report.world import GIVE_THE_WORLD, World, world_of
 from nemo_rl_shim.one_line.printable import shown_path
 from nemo_rl_shim.one_line.rank_ranges import format_ranks
@@ -621,6 +623,8 @@ def peer_posted(op: Entry, mine: RankDump, peer: RankDump, state: GroupState) ->
     The one p2p rule (see the module docstring): exact counts where neither recorder's buffer wrapped; else the
     peer's newest opposite op toward ``mine``.
     """
+    if mine.p2p_logged and op.lib == LOGGED_LIB:
+        return logged_posted(op, state.group_rank(mine.rank), peer)  # S-P2P-MATCH: the shim's log of Gloo's p2p
     key = (op.key, _OPPOSITE[op.op], state.group_rank(mine.rank))
     theirs = peer.p2p_last.get(key)
     their_buffer = peer.recorder(op.lib)

@@ -31,7 +31,10 @@ seen already (a circle is :mod:`.cycles`'s, looked for before). A rank is held i
   after it: whether it is held there cannot be told, and the root is what cannot be told.
 
 A rank named by the wait and held nowhere else stops the walk: it may well never have come, and naming it is the
-answer. The walk's steps are kept (:func:`chain_of`), so that the line can say who waits on the root.
+answer. But where such ranks are all named by a point-to-point finding that holds another of the wait's ranks, the
+walk moves to that finding (:func:`_p2p_naming`): the wait's ranks are a receiver (or sender) and the peer that did
+not post its side, and the point-to-point finding says which is which (on Gloo, from the shim's log:
+:mod:`.shim_p2p`). The walk's steps are kept (:func:`chain_of`), so that the line can say who waits on the root.
 """
 
 from __future__ import annotations
@@ -121,16 +124,26 @@ def held_in(
 def chain_of(first: Finding, findings: Sequence[Finding], dumps: Mapping[int, RankDump]) -> list[Finding]:
     """The findings from ``first`` to the root of its cascade: ``[first]`` where it is no cascade."""
     chain = [first]
+    order = {id(f): i for i, f in enumerate(findings)}
     while chain[-1].kind in WAITS and chain[-1].ranks:
         holders = [held_in(r, findings, dumps, but=chain[-1]) for r in chain[-1].ranks]
-        if any(h is None for h in holders):
-            break
-        order = {id(f): i for i, f in enumerate(findings)}
-        following = min((h for h in holders if h is not None), key=lambda h: order[id(h)])
+        unheld = [r for r, h in zip(chain[-1].ranks, holders, strict=True) if h is None]
+        if unheld:
+            following = _p2p_naming(unheld, holders)
+            if following is None:
+                break
+        else:
+            following = min((h for h in holders if h is not None), key=lambda h: order[id(h)])
         if any(following is seen for seen in chain):
             break
         chain.append(following)
     return chain
+
+
+def _p2p_naming(unheld: Sequence[int], holders: Sequence[Finding | None]) -> Finding | None:
+    """A point-to-point finding that holds a rank of the wait and names every rank of it held nowhere, or None: the
+    wait's ranks are then that finding's waiter and the peer that did not post its side."""
+    return next((h for h in holders if h is not None and h.kind == "p2p" and set(unheld) <= set(h.ranks)), None)
 
 
 def root_of(first: Finding, findings: Sequence[Finding], dumps: Mapping[int, RankDump]) -> Finding:

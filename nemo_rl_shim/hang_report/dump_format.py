@@ -63,6 +63,7 @@ from nemo_rl_shim.hang_report.recording_rules import check_p2p_sides, collective
 from nemo_rl_shim.hang_report.records import DumpError, Entry, GroupFacts, GroupKey, P2PKey, RankDump, Recorder
 from nemo_rl_shim.hang_report.run_evidence import gather
 from nemo_rl_shim.hang_report.safe_pickle import RefusedPickle, load_plain
+from nemo_rl_shim.hang_report.shim_p2p import read_log
 from nemo_rl_shim.one_line.exception import first_line
 from nemo_rl_shim.one_line.printable import clean, shown, shown_path
 from nemo_rl_shim.one_line.rank_ranges import format_ranks
@@ -715,6 +716,11 @@ def reduce_dump(
     spans = {key: collective_gaps(seqs) for key, seqs in scan.seqs.items() if len(seqs)}
     evidence = gather(raw, seq_key, groups, scan.first, recorders, world)
     p2p = _p2p(p2p_ops, evidence.only_active)
+    logged = read_log(shim, path, reading.budget) if isinstance(shim, dict) else None
+    if logged is not None:  # S-P2P-OPS: what Gloo's recorder does not write (G-NO-P2P); keyed as its entries would be
+        p2p.pending += logged.pending
+        p2p.newest.update(logged.newest)
+        p2p.count.update(logged.count)
     completed_batch(last, scan.joined, only_active=evidence.only_active)
     gaps = {key: missing for key, (missing, _) in spans.items() if missing} if not evidence.only_active else {}
     world_from = path if shim.get("world_size") else side.get("path") if side.get("world_size") else None
@@ -745,6 +751,7 @@ def reduce_dump(
         evidence=evidence,
         gaps=gaps,
         spans={key: span for key, (_, span) in spans.items()},
+        p2p_logged=logged is not None,
     )
 
 

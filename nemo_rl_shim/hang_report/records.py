@@ -168,6 +168,7 @@ class RankDump:
     # and (first, last) number
     gaps: dict[GroupKey, tuple[int, ...]] = field(default_factory=dict)
     spans: dict[GroupKey, tuple[int, int]] = field(default_factory=dict)
+    p2p_logged: bool = False  # the dump carries the shim's log of Gloo's sends and receives (:mod:`.shim_p2p`)
 
     def recorder(self, lib: str) -> Recorder:
         """``lib``'s buffer facts; a recorder with no entry here reaches back to nothing and tracks nothing (in a

@@ -195,3 +195,43 @@ def test_what_a_batch_hides_does_not_overrule_a_send_shown_unfinished() -> None:
     assert root_of(waits, [waits, hidden], _dumps()) is waits
     stalled = _waiting_in_dp()
     assert root_of(stalled, [stalled, hidden], _dumps()) is hidden  # from a collective's stall, it does
+
+
+def test_a_wait_on_a_receiver_and_the_peer_it_waits_on_moves_to_the_p2p_finding() -> None:
+    """Rank 0 waits in dp9's collective on ranks 4 and 9: rank 4 waits in a recv from rank 9 (a p2p finding), rank 9
+    is held nowhere but is the one that did not send: the walk moves to the p2p finding (``_p2p_naming``), which names
+    rank 9 alone (the shape of the Gloo seeds 1007 and 1019: #42)."""
+    DP9 = group("dp9", (0, 4, 9), axes=["dp"], entries={0: entry("dp9", 3)})
+    wait = stall(DP9, [4, 9], [0], seq=3)
+    pp = group("pp", (4, 9))
+    no_send = p2p(pp, 9, [4])
+    assert chain_of(wait, [wait, no_send], _dumps()) == [wait, no_send]
+    kind = classify(Analysis([wait, no_send], [DP9, pp], [], _dumps(), 10), {}, {})
+    assert (kind.name, kind.ranks) == ("p2p_stall", (9,))
+    assert "rank 0 waits on it in all_reduce #3 on dp, ranks 0, 4, 9" in kind.line, kind.line
+
+
+@pytest.mark.parametrize(
+    "names",
+    [
+        [9, 11],  # the p2p finding names rank 9, not rank 11, which the wait names too
+        [11],  # it names another rank than the unheld one
+    ],
+)
+def test_a_p2p_finding_that_does_not_name_every_unheld_rank_is_not_followed(names: list[int]) -> None:
+    """Rank 11 is named by the wait and held nowhere, and the p2p finding (holding rank 4) does not name it: it may
+    well never have come; the walk stops at the wait."""
+    group_ranks = (0, 4, *names)
+    dpx = group("dpx", group_ranks, axes=["dp"], entries={0: entry("dpx", 3)})
+    wait = stall(dpx, [4, *names], [0], seq=3)
+    no_send = p2p(group("pp", (4, 9)), 9, [4])
+    assert chain_of(wait, [wait, no_send], _dumps()) == [wait]
+
+
+def test_a_rank_held_in_a_p2p_finding_as_its_culprit_only_is_not_followed_there() -> None:
+    """The p2p finding names the unheld rank but holds none of the wait's ranks (its waiter is another rank): no
+    step: what holds none of the wait's ranks explains none of them."""
+    DP9 = group("dp9", (0, 9), axes=["dp"], entries={0: entry("dp9", 3)})
+    wait = stall(DP9, [9], [0], seq=3)
+    no_send = p2p(group("pp", (5, 9)), 9, [5])
+    assert chain_of(wait, [wait, no_send], _dumps()) == [wait]
