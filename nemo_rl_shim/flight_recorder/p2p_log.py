@@ -12,9 +12,10 @@ the missing record: the dump (``recorder.dump_now``) carries it under ``nemo_rl_
   unchanged, then notes the op, where the backend for the tensor's device is Gloo's (``ProcessGroupGloo``); NCCL's
   recorder writes its own p2p records, so nothing is noted there. ``recv_anysource`` has no peer to match: not noted.
 * **What it keeps.** Per op: the group's name (as torch's entries name it), ``send`` or ``recv``, the peer's rank
-  in the group, the op's *ordinal* (the k-th op of its kind toward that peer on that group, counted from
-  :func:`install`), and when it was posted. The last :data:`KEEP` ops are kept; the counts are kept for every
-  (group, kind, peer), so that the k-th send toward a peer meets the peer's k-th receive whatever was dropped.
+  in the group, the tag, the op's *ordinal* (the k-th op of its kind toward that peer with that tag on that group,
+  counted from :func:`install`), and when it was posted. The last :data:`KEEP` ops are kept; the counts are kept for
+  every (group, kind, peer, tag), so that the k-th send toward a peer meets the peer's k-th receive of that tag
+  (Gloo matches a pair's sends and receives by tag, in order) whatever was dropped.
   Each op's work is held until it is seen completed (checked at every op and at the dump), then let go: an op is
   ``done`` once its work said so.
 * **Never fails the caller.** Noting an op catches every error of its own (a warning, once) and the op's result
@@ -46,6 +47,7 @@ class _Op:
     group: str
     op: str
     peer: int
+    tag: int
     ordinal: int
     created_ns: int
     work: Any  # torch's work, until seen completed
@@ -61,7 +63,7 @@ class _Log:
     lock = threading.Lock()
     originals: ClassVar[dict[str, Any]] = {}
     ops: ClassVar[deque[_Op]] = deque()
-    counts: ClassVar[dict[tuple[str, str, int], int]] = {}
+    counts: ClassVar[dict[tuple[str, str, int, int], int]] = {}
     dropped = 0
     since_ns = 0
     warned = False
@@ -115,13 +117,16 @@ def _note(group: Any, op: str, args: tuple[Any, ...], kwargs: dict[str, Any], wo
     try:
         tensors = args[0] if args else kwargs.get("tensors")
         peer = args[1] if len(args) > 1 else kwargs.get("dstRank" if op == "send" else "srcRank")
-        if work is None or not tensors or type(peer) is not int or not _is_gloo(group, tensors[0].device):
+        tag = args[2] if len(args) > 2 else kwargs.get("tag", 0)
+        if work is None or not tensors or type(peer) is not int or type(tag) is not int:
+            return
+        if not _is_gloo(group, tensors[0].device):
             return
         name = group.group_name
         with _Log.lock:
-            key = (name, op, peer)
+            key = (name, op, peer, tag)
             ordinal = _Log.counts[key] = _Log.counts.get(key, 0) + 1
-            _Log.ops.append(_Op(name, op, peer, ordinal, time.time_ns(), work))
+            _Log.ops.append(_Op(name, op, peer, tag, ordinal, time.time_ns(), work))
             while len(_Log.ops) > KEEP:
                 _Log.ops.popleft()
                 _Log.dropped += 1
@@ -143,8 +148,8 @@ def _is_gloo(group: Any, device: Any) -> bool:
 
 def snapshot() -> dict[str, Any] | None:
     """The log as the dump carries it (None where it is not installed): ``format``, ``since_ns`` (when counting
-    began), ``dropped`` (ops older than the kept ones), ``ops`` (oldest first: ``group``, ``op``, ``peer``,
-    ``ordinal``, ``created_ns``, ``done``) and ``counts`` (``[group, op, peer, count]`` for every op noted)."""
+    began), ``dropped`` (ops older than the kept ones), ``ops`` (oldest first: ``group``, ``op``, ``peer``, ``tag``,
+    ``ordinal``, ``created_ns``, ``done``) and ``counts`` (``[group, op, peer, tag, count]`` for every op noted)."""
     if not _Log.originals:
         return None
     with _Log.lock:
@@ -152,9 +157,9 @@ def snapshot() -> dict[str, Any] | None:
             with contextlib.suppress(Exception):  # a work that cannot say stays not done: no peer is cleared by it
                 kept.settle()
         ops = [
-            {"group": o.group, "op": o.op, "peer": o.peer, "ordinal": o.ordinal, "created_ns": o.created_ns,
-             "done": o.done}
+            {"group": o.group, "op": o.op, "peer": o.peer, "tag": o.tag, "ordinal": o.ordinal,
+             "created_ns": o.created_ns, "done": o.done}
             for o in _Log.ops
         ]  # fmt: skip
-        counts = [[g, op, peer, n] for (g, op, peer), n in _Log.counts.items()]
+        counts = [[g, op, peer, tag, n] for (g, op, peer, tag), n in _Log.counts.items()]
         return {"format": FORMAT, "since_ns": _Log.since_ns, "dropped": _Log.dropped, "ops": ops, "counts": counts}

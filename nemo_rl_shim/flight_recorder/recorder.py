@@ -35,6 +35,9 @@ that did not join.
   dump, ``fr_groups_rank_<rank>.json`` holds the same map, for NCCL dumps that torch writes without it: written at
   set-up, and rewritten where the shim runs once torch holds other groups (:func:`refresh_sidecar`: on entering a
   watched block, and at every :func:`dump_now`).
+* **Gloo's sends and receives.** torch's Gloo recorder writes none (G-NO-P2P in ``docs/recorder-semantics.md``):
+  where the world has a Gloo backend, :func:`record_groups` starts the shim's log of them
+  (:mod:`nemo_rl_shim.flight_recorder.p2p_log`), and each dump carries it under ``nemo_rl_shim["p2p"]``.
 """
 
 from __future__ import annotations

@@ -655,6 +655,8 @@ def _p2p(dumps: dict[int, RankDump], groups: dict[GroupKey, GroupState]) -> list
             posted = peer_posted(op, dump, dumps[peer], state)
             if posted is False:
                 blamed.setdefault((op.key, peer), []).append((rank, op))
+            elif posted is None and dump.p2p_logged and op.lib == LOGGED_LIB:
+                findings.append(_unclear_p2p(rank, peer, op, state, unlogged=True))
             elif posted is None:
                 findings.append(_unclear_p2p(rank, peer, op, state, dropped=may_have_dropped(dumps[peer], op.lib)))
             elif _both_waiting(op, dump, dumps[peer], state) and (op.key, *sorted((rank, peer))) not in pairs:
@@ -690,13 +692,16 @@ def _pair_not_finished(rank: int, peer: int, op: Entry, state: GroupState) -> Fi
     return Finding("not finished", state, sorted((rank, peer)), op.seq, _PAIR, [], None, op.created_ns, detail)
 
 
-def _unclear_p2p(rank: int, peer: int, op: Entry, state: GroupState, *, dropped: bool = False) -> Finding:
+def _unclear_p2p(
+    rank: int, peer: int, op: Entry, state: GroupState, *, dropped: bool = False, unlogged: bool = False
+) -> Finding:
     source = "sent" if op.op == "recv" else "received"
-    why = (
-        f"rank {peer}'s only-active dump (TORCH_INCLUDE_ONLY_ACTIVE=1) drops completed entries (C-ONLY-ACTIVE)"
-        if dropped
-        else f"rank {peer}'s buffer does not reach back to it"
-    )
+    if unlogged:  # S-P2P-MATCH: no log is no evidence (G-NO-P2P)
+        why = f"rank {peer}'s dump carries no log of its sends and receives (Gloo's recorder writes none: G-NO-P2P)"
+    elif dropped:
+        why = f"rank {peer}'s only-active dump (TORCH_INCLUDE_ONLY_ACTIVE=1) drops completed entries (C-ONLY-ACTIVE)"
+    else:
+        why = f"rank {peer}'s buffer does not reach back to it"
     detail = (
         f"rank {rank} waited in its {op.op} #{op.seq} {'from' if op.op == 'recv' else 'to'} rank {peer} on "
         f"{state.label}, and {why}: cannot tell whether rank {peer} {source}"

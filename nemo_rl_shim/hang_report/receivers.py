@@ -23,6 +23,11 @@ the dumps hold no p2p entry to say so (G-NO-P2P), the stacks show no receive, an
 CPU and no I/O, as a sleeping sender does. The report then says it cannot tell which of them is to blame, never
 naming them all as culprits. A rank in a torch collective, one holding the GIL, or one that left no stack, is told
 by the other rules.
+
+Where the shim's recorder ran, its dumps carry its own log of Gloo's sends and receives (:mod:`.shim_p2p`,
+``S-P2P-``): the receiver's unfinished receive and the sender's missing send are then a point-to-point finding,
+and the cascade (:mod:`.cascade`) follows the collective's wait to it before these rules are asked. They stay for
+dumps without the log (torch's own, an older shim's).
 """
 
 from __future__ import annotations

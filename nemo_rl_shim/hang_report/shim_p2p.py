@@ -6,13 +6,15 @@ log of them under ``nemo_rl_shim["p2p"]`` (written by :mod:`nemo_rl_shim.flight_
 the table "the shim's p2p log" there):
 
 * ``S-P2P-OPS``: the last ops, oldest first, each ``group`` (the name torch's entries use), ``op`` (``send`` or
-  ``recv``), ``peer`` (its rank in the group), ``ordinal`` (the k-th op of its kind toward that peer on that group,
-  counted from set-up), ``created_ns`` and ``done`` (its work said it completed by the dump).
-* ``S-P2P-COUNT``: ``counts``, ``[group, op, peer, count]``, for every op since set-up, dropped ones included.
+  ``recv``), ``peer`` (its rank in the group), ``tag``, ``ordinal`` (the k-th op of its kind toward that peer with
+  that tag on that group, counted from set-up), ``created_ns`` and ``done`` (its work said it completed by the dump).
+* ``S-P2P-COUNT``: ``counts``, ``[group, op, peer, tag, count]``, for every op since set-up, dropped ones included.
 * ``S-P2P-MATCH``: between two ranks whose dumps both carry the log, a peer posted its side of an unfinished op
-  exactly when its count of the opposite kind toward the op's rank reaches the op's ordinal (torch matches a group's
-  sends and receives between two ranks in order; the log counts them all). Where the peer's dump carries no log (a
-  dump torch wrote, an older shim), nothing says whether it posted: "cannot tell", never that it did not.
+  exactly when its count of the opposite kind toward the op's rank reaches the op's ordinal (Gloo matches a pair's
+  sends and receives of one tag in order; the log counts them all). Where the peer's dump carries no log (a dump
+  torch wrote, an older shim), nothing says whether it posted: "cannot tell", never that it did not.
+* ``S-P2P-TAG``: only tag 0's ops and counts are read (``batch_isend_irecv``'s and ``send``/``recv``'s default);
+  an op of another tag is left out, and the report reads it as it would without the log.
 
 :func:`read_log` checks the log as untrusted input (every field's type and range, the ordinals within their counts,
 the items charged to the dump's :class:`~.bounds.Budget`) and gives its ops as the dump's p2p entries (recorder
@@ -57,7 +59,7 @@ def _bad(path: Path, field: str, value: Any, expected: str) -> DumpError:
     return DumpError(f"{shown_path(path)}: nemo_rl_shim.p2p{field} is {shown(value)}, {expected}")
 
 
-_OP = "not {group, op ('send' or 'recv'), peer, ordinal from 1, created_ns, done}"
+_OP = "not {group, op ('send' or 'recv'), peer, tag, ordinal from 1, created_ns, done}"
 
 
 def _peer(value: Any) -> bool:
@@ -83,18 +85,25 @@ def read_log(shim: Mapping[str, Any], path: Path, budget: Budget) -> LoggedP2P |
         raise _bad(path, ".counts", counts, f"not a list of at most {MAX_OPS:,} counts")
     budget.spend(len(ops) + len(counts), "nemo_rl_shim.p2p")
     found = LoggedP2P([], {}, {})
+    tagged: dict[P2PKey, int] = {}  # S-P2P-TAG: the counts of tag 0, the only ones read
     for index, item in enumerate(counts):
-        ok = type(item) is list and len(item) == 4 and _name(item[0]) and item[1] in _KINDS and _peer(item[2])
-        if not (ok and is_count(item[3]) and item[3] > 0):
-            raise _bad(path, f".counts[{index}]", item, "not [group, op ('send' or 'recv'), peer, count from 1]")
-        found.count[((group_name(item[0]), LIB), item[1], item[2])] = item[3]
+        ok = type(item) is list and len(item) == 5 and _name(item[0]) and item[1] in _KINDS and _peer(item[2])
+        if not (ok and is_count(item[3]) and is_count(item[4]) and item[4] > 0):
+            raise _bad(path, f".counts[{index}]", item, "not [group, op ('send' or 'recv'), peer, tag, count from 1]")
+        key = ((group_name(item[0]), LIB), item[1], item[2])
+        if item[3] == 0:
+            found.count[key] = item[4]
+        else:
+            tagged[key] = max(tagged.get(key, 0), item[4])
     for index, item in enumerate(ops):
-        entry = _entry(item)
-        if entry is None:
+        entry, tag = _entry(item), item.get("tag") if type(item) is dict else None
+        if entry is None or not is_count(tag):
             raise _bad(path, f".ops[{index}]", item, _OP)
         key = (entry.key, entry.op, entry.peer)
-        if not 1 <= entry.ordinal <= found.count.get(key, 0):
+        if not 1 <= entry.ordinal <= (found.count if tag == 0 else tagged).get(key, 0):
             raise _bad(path, f".ops[{index}].ordinal", entry.ordinal, "past its count in nemo_rl_shim.p2p.counts")
+        if tag != 0:
+            continue  # S-P2P-TAG: not read (its counts are per tag): the report reads it as before the log
         newest = found.newest.get(key)
         if newest is None or entry.ordinal > newest.ordinal:
             found.newest[key] = entry

@@ -35,8 +35,8 @@ SAMPLE: dict[int, str | None] = {
     1098: None,  # circular: 2 groups, 3 ranks
     1030: None,  # circular: 3 groups made by split_group after set-up, 3 ranks
     1118: None,  # circular: 3 groups after a completed barrier (Gloo cannot say it finished), 4 ranks (#42)
-    1007: None,  # p2p: a batch's irecv, 3 ranks; work.wait() from the user's line: honest, "cannot tell" (receivers.py)
-    1019: None,  # p2p: recv, 3 ranks (its receiver, in torch's recv, set apart: hang_report/receivers.py)
+    1007: None,  # p2p: a batch's irecv, 3 ranks; waited on from the user's line (the shim's log tells)
+    1019: None,  # p2p: recv, 3 ranks (its receiver, in torch's recv: the shim's log, and receivers.py without it)
 }
 
 
@@ -76,6 +76,19 @@ def test_the_report_on_a_drawn_hang_is_not_wrong(sample, seed: int) -> None:
     if scored.score == "wrong":
         raise WrongScore(f"seed {seed} ({scenario.name}): {scored.why}: {scored.line!r}; truth: {scenario.truth.why}")
     assert scored.score in ("right", "honest"), scored
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("seed", [1007, 1019])
+def test_a_gloo_p2p_stall_names_the_sender_from_the_shims_log(sample, seed: int) -> None:
+    """G-NO-P2P: torch's Gloo dumps hold no send or receive; the shim's log (S-P2P-MATCH) says the receiver waits
+    on a send its peer never posted. Before the log, seed 1007 (a batch's irecv waited on from the user's line) read
+    "cannot tell" (#42)."""
+    found = sample[seed]
+    assert not isinstance(found, WorldFailed), str(found)
+    scenario, scored = found
+    assert scored.score == "right" and scored.kind == "p2p_stall", (scored, scenario.truth.why)
+    assert scored.ranks == scenario.truth.ranks and "did not send to rank" in scored.line, scored
 
 
 def test_the_sample_holds_every_incident() -> None:
