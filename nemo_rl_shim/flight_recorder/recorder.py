@@ -99,6 +99,7 @@ class _State:
     groups: ClassVar[dict[str, dict[str, Any]]] = {}
     generation = 0
     lock = threading.Lock()
+    dump_lock = threading.Lock()  # held by dump_now: the watcher thread and the main thread may dump at once
     stack_warned = False
     set_up_ns = 0
     #: The names of the groups torch held when the sidecar was last written (None: not written in this set-up).
@@ -228,10 +229,17 @@ def refresh_sidecar(*, force: bool = False) -> bool:
 
 
 def _write_atomically(path: Path, data: bytes) -> None:
+    """``data`` at ``path``, whole or not at all: written under a name of this process and thread, then moved there.
+    Two writers of one path (a rank's watcher thread and its main thread, dumping at once: hang_truth seed 1002 of
+    #42) each move a whole file; one partial name shared by both interleaved their bytes (one pickle, then the tail of
+    the longer one) or moved the other's file away under it."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.partial")
-    partial.write_bytes(data)
-    os.replace(partial, path)
+    partial = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.partial")
+    try:
+        partial.write_bytes(data)
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 #: Backends that record into a Flight Recorder of their own, which :func:`_recorders` reads by its own call: Gloo
@@ -323,6 +331,11 @@ def dump_now(reason: str, *, overwrite: bool = True) -> Path | None:
     """
     if _State.settings is None or not dist.is_initialized():
         return None
+    with _State.dump_lock:  # one dump at a time in a process: "the first one stands" holds between its threads
+        return _dump_now(reason, overwrite)
+
+
+def _dump_now(reason: str, overwrite: bool) -> Path | None:
     rank = dist.get_rank()
     path = dump_path(rank)
     refresh_sidecar(force=True)  # for torch's own dump too, which this one does not overwrite
