@@ -28,6 +28,7 @@ methods.
 from __future__ import annotations
 
 import contextlib
+import operator
 import threading
 import time
 import warnings
@@ -80,6 +81,7 @@ def install() -> bool:
 
     with _Log.lock:
         _Log.ops, _Log.counts, _Log.dropped, _Log.since_ns = deque(), {}, 0, time.time_ns()
+        _Log.warned = False  # a new set-up: its first op the log cannot read warns again
         if _Log.originals:
             return True
         found = {name: getattr(ProcessGroup, name, None) for name in ("send", "recv")}
@@ -116,9 +118,9 @@ def _wrapper(name: str, original: Any) -> Any:
 def _note(group: Any, op: str, args: tuple[Any, ...], kwargs: dict[str, Any], work: Any) -> None:
     try:
         tensors = args[0] if args else kwargs.get("tensors")
-        peer = args[1] if len(args) > 1 else kwargs.get("dstRank" if op == "send" else "srcRank")
-        tag = args[2] if len(args) > 2 else kwargs.get("tag", 0)
-        if work is None or not tensors or type(peer) is not int or type(tag) is not int:
+        peer = operator.index(args[1] if len(args) > 1 else kwargs["dstRank" if op == "send" else "srcRank"])
+        tag = operator.index(args[2] if len(args) > 2 else kwargs.get("tag", 0))  # numpy's ints, as torch takes them
+        if work is None or not tensors:
             return
         if not _is_gloo(group, tensors[0].device):
             return

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from nemo_rl_shim.hang_report.analysis import analyse
-from nemo_rl_shim.hang_report.bounds import Budget
+from nemo_rl_shim.hang_report.bounds import MAX_WORLD, Budget
 from nemo_rl_shim.hang_report.records import DumpError, GroupFacts
 from nemo_rl_shim.hang_report.shim_p2p import LIB, MAX_OPS, posted, read_log
 from tests.harness.hang_records import GLOO, dump, entry
@@ -66,6 +66,17 @@ def test_the_logs_ops_are_the_dumps_p2p_entries_keyed_as_glooS_would_be() -> Non
         (_log([{**_op(), "created_ns": -1}], [["7", "recv", 0, 0, 1]]), "nemo_rl_shim.p2p.ops[0] is"),
         (_log([_op(group="x" * 2000)], [["7", "recv", 0, 0, 1]]), "nemo_rl_shim.p2p.ops[0] is"),
         (_log([{**_op(), "tag": -1}], [["7", "recv", 0, 0, 1]]), "nemo_rl_shim.p2p.ops[0] is"),
+        (_log([["7", "recv", 0, 0, 1, 5_000, False]], [["7", "recv", 0, 0, 1]]), "nemo_rl_shim.p2p.ops[0] is"),
+        (_log([_op(op="sendrecv")], [["7", "recv", 0, 0, 1]]), "nemo_rl_shim.p2p.ops[0] is"),
+        (_log([_op(ordinal=True)], [["7", "recv", 0, 0, 1]]), "nemo_rl_shim.p2p.ops[0] is"),
+        (_log([_op(ordinal=1.0)], [["7", "recv", 0, 0, 1]]), "nemo_rl_shim.p2p.ops[0] is"),
+        (_log([_op(group=7)], [["7", "recv", 0, 0, 1]]), "nemo_rl_shim.p2p.ops[0] is"),
+        (_log([_op(peer=MAX_WORLD)], [["7", "recv", 0, 0, 1]]), "nemo_rl_shim.p2p.ops[0] is"),
+        (_log([_op(group="x" * 1025)], [["7", "recv", 0, 0, 1]]), "nemo_rl_shim.p2p.ops[0] is"),
+        (_log([], [("7", "recv", 0, 0, 1)]), "nemo_rl_shim.p2p.counts[0] is"),  # torch's pickles: lists, as written
+        (_log([], [[7, "recv", 0, 0, 1]]), "nemo_rl_shim.p2p.counts[0] is"),
+        (_log([], [["7", "recv", 0, 0, True]]), "nemo_rl_shim.p2p.counts[0] is"),
+        (_log([], [["7", "recv", 0, 0, 1]] * (MAX_OPS + 1)), "nemo_rl_shim.p2p.counts is"),
         (_log([{**_op(), "tag": "0"}], [["7", "recv", 0, 0, 1]]), "nemo_rl_shim.p2p.ops[0] is"),
         (_log([], [["7", "recv", 0, -3, 1]]), "nemo_rl_shim.p2p.counts[0] is"),
         (_log([], [["7", "recv", 0, 1]]), "nemo_rl_shim.p2p.counts[0] is"),  # the format without tags
@@ -86,6 +97,25 @@ def test_a_log_past_its_bound_or_the_dumps_budget_is_refused_before_its_items_ar
         _read(_log([None] * (MAX_OPS + 1), []))
     with pytest.raises(DumpError, match="expands past"):
         _read(_log([_op()] * 50, [["7", "recv", 0, 0, 1]]), budget=10)
+    with pytest.raises(DumpError, match="expands past"):  # the counts are charged too
+        _read(_log([_op()], [["7", "recv", p, 0, 1] for p in range(50)]), budget=40)
+
+
+def test_a_log_at_its_bounds_is_read() -> None:
+    """65,536 ops and as many counts; a group name of 1,024 characters; the highest rank the report reads."""
+    ops = [_op(ordinal=n, done=True) for n in range(1, MAX_OPS + 1)]
+    counts = [["7", "recv", 0, 0, MAX_OPS], *(["7", "send", p, 0, 1] for p in range(1, MAX_OPS))]
+    found = _read(_log(ops, counts), budget=4 * MAX_OPS)
+    assert len(found.count) == MAX_OPS and found.pending == []
+    assert found.newest[(("7", LIB), "recv", 0)].ordinal == MAX_OPS
+    name, top = "x" * 1024, MAX_WORLD - 1
+    edge = _read(_log([_op(group=name, peer=top)], [[name, "recv", top, 0, 1]]))
+    assert [(e.peer, e.is_p2p, e.lib) for e in edge.pending] == [(top, True, LIB)]
+
+
+def test_the_newest_op_per_peer_is_the_one_of_the_highest_ordinal_in_any_order() -> None:
+    found = _read(_log([_op(ordinal=5, done=True), _op(ordinal=3, done=True)], [["7", "recv", 0, 0, 5]]))
+    assert found.newest[(("7", LIB), "recv", 0)].ordinal == 5
 
 
 @pytest.mark.parametrize(
