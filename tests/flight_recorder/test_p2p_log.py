@@ -57,7 +57,7 @@ def test_every_send_and_receive_is_counted_per_group_kind_peer_and_tag(ranks) ->
     (all end in ``ProcessGroup.send``/``recv``), each toward its peer's rank in the group and under its tag: on
     ``pair`` (ranks 1-2), rank 1 is group rank 0 and rank 2 group rank 1."""
     default, pair = ranks[1]["names"]["default"], ranks[1]["names"]["pair"]
-    on_pair = MANY + 3
+    on_pair = MANY + 4
     assert _counts(ranks[0]["after"]) == {(default, "send", 1, 0): 2, (default, "recv", 1, 0): 1}
     assert _counts(ranks[1]["after"]) == {
         (pair, "recv", 1, 7): 1, (pair, "recv", 1, 0): on_pair, (default, "send", 0, 0): 1, (default, "recv", 0, 0): 2,
@@ -69,11 +69,11 @@ def test_every_send_and_receive_is_counted_per_group_kind_peer_and_tag(ranks) ->
 
 def test_the_log_keeps_its_last_ops_and_says_how_many_it_dropped(ranks) -> None:
     """S-P2P-OPS: the last 256 ops, oldest first; the counts keep every op (S-P2P-COUNT)."""
-    for rank, noted in ((1, MANY + 4 + 3), (2, MANY + 4)):
+    for rank, noted in ((1, MANY + 5 + 3), (2, MANY + 5)):
         after = ranks[rank]["after"]
         kept, dropped = len(after["ops"]), after["dropped"]
         assert (kept, dropped) == (KEPT, noted - KEPT), rank
-        assert after["ops"][-1]["ordinal"] == (2 if rank == 1 else MANY + 3)
+        assert after["ops"][-1]["ordinal"] == (2 if rank == 1 else MANY + 4)
     assert len(ranks[0]["after"]["ops"]) == 3 and ranks[0]["after"]["dropped"] == 0
 
 
@@ -150,6 +150,9 @@ def test_an_op_the_log_cannot_read_is_returned_as_torch_made_it_with_one_warning
             for _ in range(2):
                 assert wrapped(GlooNamedBadly(), [torch.ones(1)], 1, 0) is marker
             assert wrapped(GlooNamedBadly(), [torch.ones(1)], "one", 0) is marker  # not a rank: not noted
+            assert wrapped(GlooNamedBadly(), [], 1, 0) is marker  # no tensor: nothing to note, nothing asked
+            assert p2p_log._wrapper("send", lambda self, *args: None)(GlooNamedBadly(), [torch.ones(1)], 1, 0) is None
+        # one warning for the whole install: the first op the log could not read
         assert [str(w.message) for w in caught] == ["a point-to-point op was not logged for the hang report: destroyed"]
         assert p2p_log.snapshot()["ops"] == []
     finally:

@@ -4,9 +4,9 @@ real Gloo ranks (no set-up: ``p2p_log.install`` alone, as ``record_groups`` call
 In order, each step's ranks meeting on the store after it (never a collective, which Gloo's recorder would number):
 
 1. on ``pair`` (``new_group([1, 2])``), rank 2 sends to rank 1 (group ranks 1 -> 0), rank 1 receiving each: one
-   ``send``/``recv`` with tag 7, two calls of the group's own methods with their arguments named (``tensors=``,
-   ``dstRank=``/``srcRank=``, ``tag=``; and the peer positional, the tag named), one with numpy's ints for the peer
-   and the tag (torch takes any index), then :data:`MANY` plain ones, more than the log keeps;
+   ``send``/``recv`` with tag 7; three calls of the group's own methods, with every argument named, with the tag
+   alone named, and with the tensors alone positional; one with numpy's ints for the peer and the tag (torch takes
+   any index); then :data:`MANY` plain ones, more than the log keeps;
 2. ``batch_isend_irecv`` between ranks 0 and 1 on the default group (a send and a receive each way), waited on;
 3. rank 1 ``irecv`` from rank 0 on the default group, which rank 0 does not send yet: its work stays pending;
 4. every rank takes :func:`p2p_log.snapshot` (``while_pending``); rank 0 then sends, rank 1 waits for it, and takes
@@ -54,6 +54,7 @@ def _on_pair(rank: int, pair: Any) -> None:
         pair.send(tensors=[torch.ones(1)], dstRank=0, tag=0).wait()
         pair.send([torch.ones(1)], 0, tag=0).wait()
         pair.send([torch.ones(1)], numpy.int64(0), numpy.int64(0)).wait()
+        pair.send([torch.ones(1)], dstRank=0, tag=0).wait()
         for _ in range(MANY):
             dist.send(torch.ones(1), dst=1, group=pair)
     elif rank == 1:
@@ -61,6 +62,7 @@ def _on_pair(rank: int, pair: Any) -> None:
         pair.recv(tensors=[torch.zeros(1)], srcRank=1, tag=0).wait()
         pair.recv([torch.zeros(1)], 1, tag=0).wait()
         pair.recv([torch.zeros(1)], numpy.int64(1), numpy.int64(0)).wait()
+        pair.recv([torch.zeros(1)], srcRank=1, tag=0).wait()
         for _ in range(MANY):
             dist.recv(torch.zeros(1), src=2, group=pair)
 
