@@ -38,8 +38,8 @@ from __future__ import annotations
 
 import array
 import gc
-import io
 import os
+import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -62,7 +62,7 @@ from nemo_rl_shim.hang_report.recorder_evidence import tracks_completion
 from nemo_rl_shim.hang_report.recording_rules import check_p2p_sides, collective_gaps, one_pickle, p2p_sides
 from nemo_rl_shim.hang_report.records import DumpError, Entry, GroupFacts, GroupKey, P2PKey, RankDump, Recorder
 from nemo_rl_shim.hang_report.run_evidence import gather
-from nemo_rl_shim.hang_report.safe_pickle import RefusedPickle, load_plain
+from nemo_rl_shim.hang_report.safe_pickle import RefusedPickle, load_plain_bytes
 from nemo_rl_shim.hang_report.shim_p2p import read_log
 from nemo_rl_shim.one_line.exception import first_line
 from nemo_rl_shim.one_line.printable import clean, shown, shown_path
@@ -147,11 +147,10 @@ def _load(path: Path, root: Path | None) -> tuple[dict[str, Any], int, tuple[int
         raise DumpError(f"{e}{f' (the cap: {how})' if 'more than a dump' in str(e) else ''}") from None
     was_enabled = gc.isenabled()
     gc.disable()  # as torch's loader does: unpickling many small dicts otherwise runs the collector again and again
-    # a reader with peek: the C unpickler then reads from its buffer; on a bare BytesIO it calls read() once per
-    # opcode, and a protocol 2 dump (torch's, no frames) unpickles 2.6x slower (#42: 14.1 against 5.4 ms a dump)
-    handle = io.BufferedReader(io.BytesIO(data), buffer_size=1 << 20)
+    # read from the bytes in place (load_plain_bytes: a reader with peek, so the C unpickler reads from a buffer; on
+    # a bare BytesIO it calls read() once per opcode: a protocol 2 dump, torch's, unpickled 2.6x slower, #42)
     try:
-        raw = load_plain(handle)
+        raw, end = load_plain_bytes(data)
     except RefusedPickle as e:
         raise DumpError(f"{shown_path(path)} is refused: {e}") from None
     except Exception as e:  # truncated, not a pickle, too deep, too big: one line, exit 2
@@ -159,7 +158,7 @@ def _load(path: Path, root: Path | None) -> tuple[dict[str, Any], int, tuple[int
     finally:
         if was_enabled:
             gc.enable()
-    one_pickle(len(data), handle.tell(), path)
+    one_pickle(len(data), end, path)
     problem = _top_level_problem(raw)
     if problem:
         raise DumpError(f"{shown_path(path)} is not a flight-recorder dump: {problem}")
@@ -404,9 +403,11 @@ def _scan(entries: list[Any], reading: _Reading) -> _Scan:
     every step per entry counts. Per group, the last entry's name, sizes and signature are held (a signature's
     text is made only when an entry's name or sizes differ from them), and per group and recorder a slot (its
     numbers, its signature ids, its last entry's index, its last number, and how many ops its last number joined)
-    that the pass appends to: no tuple is made and no dict written per entry."""
+    that the pass appends to: no tuple is made and no dict written per entry. An entry whose name is its group's
+    last collective's (torch's pickler writes a repeated text once: the same object) is not looked at again for a
+    closer's name; the numbers and ids are gathered in lists (appended in C) and made arrays at the end."""
     scan = _Scan()
-    at: dict[str, list[Any]] = {}  # group -> [name, sizes, signature id, slot, cost] of its last collective
+    at: dict[str, list[Any]] = {}  # group -> [name, sizes, signature id, slot, cost, name ends "coalesced"]
     slots: dict[GroupKey, list[Any]] = {}
     p2p_entries, seq_key = scan.p2p, reading.seq_key
     tracks = False
@@ -429,7 +430,14 @@ def _scan(entries: list[Any], reading: _Reading) -> _Scan:
                     continue
                 if flag is not None:
                     raise TypeError
-            if name[-9:] == "coalesced" and is_closer(name, raw.get("input_sizes")) and closes_p2p(entries, index):
+            last = at.get(group)
+            same = last is not None and last[0] is name
+            if (
+                (not same or last[5])
+                and name[-9:] == "coalesced"
+                and is_closer(name, raw.get("input_sizes"))
+                and closes_p2p(entries, index)
+            ):
                 p2p_entries.append((index, raw))  # L-COAL-CLOSE: a p2p batch's closer is no collective
                 continue
             seq = raw[seq_key]
@@ -440,10 +448,9 @@ def _scan(entries: list[Any], reading: _Reading) -> _Scan:
         if not seq:
             continue
         sizes = raw.get("input_sizes")
-        last = at.get(group)
         if last is not None and last[4] and last[1] is not sizes:  # comparing long sizes costs their length
             reading.budget.spend(last[4], "'input_sizes'")
-        if last is None or last[0] != name or last[1] != sizes:
+        if (not same and (last is None or last[0] != name)) or last[1] != sizes:
             last = at[group] = _signature(scan, slots, index, raw, reading)
         slot = last[3]
         if slot[3] == seq:  # one op of a coalesced collective: they share its number
@@ -454,8 +461,8 @@ def _scan(entries: list[Any], reading: _Reading) -> _Scan:
         slot[2], slot[3], slot[4] = index, seq, 1
     scan.tracks = tracks
     for key, (seqs, ids, last_index, _, joined, first_index) in slots.items():
-        scan.seqs[key], scan.sig_ids[key], scan.last[key] = seqs, ids, (last_index, entries[last_index])
-        scan.first[key], scan.joined[key] = first_index, joined
+        scan.seqs[key], scan.sig_ids[key] = array.array("q", seqs), array.array("q", ids)
+        scan.last[key], scan.first[key], scan.joined[key] = (last_index, entries[last_index]), first_index, joined
     for index, raw in p2p_entries:
         pg = _process_group(raw["process_group"])
         if pg is None:
@@ -475,12 +482,14 @@ def _signature(
     key = (group_name(pg[0]), clean(op_name(name)[0], limit=40))
     slot = slots.get(key)
     if slot is None:
-        slot = slots[key] = [array.array("q"), array.array("q"), index, -1, 0, index]
+        slot = slots[key] = [[], [], index, -1, 0, index]
         scan.descs.setdefault(key[0], clean(pg[1]))
     text = sizes_text(sizes) if len(sizes) <= COALESCED_OPS_KEPT else f"{len(sizes)} shapes"
     weight = len(sizes) + sum(len(shape) for shape in sizes)
-    # [name, sizes, signature id, slot, what comparing another entry's sizes with these costs, where it is felt]
-    return [name, sizes, _sig_id(scan, (clean(name, limit=120), text)), slot, weight if weight > 16 else 0]
+    # [name, sizes, signature id, slot, what comparing another entry's sizes with these costs, where it is felt,
+    # whether the name may be a closer's]
+    cost = weight if weight > 16 else 0
+    return [name, sizes, _sig_id(scan, (clean(name, limit=120), text)), slot, cost, name[-9:] == "coalesced"]
 
 
 def _sig_id(scan: _Scan, signature: tuple[str, str]) -> int:
@@ -699,7 +708,7 @@ def reduce_dump(
             f"{shown_path(path)}: world_size {shim['world_size']}, where its group map says {side['world_size']}"
         )
     entries = raw["entries"]
-    if len(set(map(id, entries))) != len(entries):
+    if _may_repeat(entries) and len(set(map(id, entries))) != len(entries):
         raise DumpError(f"{shown_path(path)}: {_repeated(entries)}")
     seq_key = "seq_id" if entries and isinstance(entries[0], dict) and "seq_id" in entries[0] else "collective_seq_id"
     reading = _Reading(path, Budget.for_bytes(path, size), seq_key)
@@ -753,6 +762,17 @@ def reduce_dump(
         spans={key: span for key, (_, span) in spans.items()},
         p2p_logged=logged is not None,
     )
+
+
+#: What ``sys.getrefcount`` gives, read as :func:`_may_repeat` reads it, for an object held by one list alone (CPython).
+_ONE_HOLDER = max(map(sys.getrefcount, [object()])) if hasattr(sys, "getrefcount") else None
+
+
+def _may_repeat(entries: list[Any]) -> bool:
+    """Whether an entry may be held twice by the list (a pickle's shared reference). Where every entry is held by
+    this list alone (CPython's reference counts, read in one pass in C), none is: a dump torch wrote, unpickled
+    and its unpickler gone, holds each entry once. Else (or without reference counts) the ids are compared."""
+    return _ONE_HOLDER is None or max(map(sys.getrefcount, entries), default=0) > _ONE_HOLDER
 
 
 def _repeated(entries: list[Any]) -> str:

@@ -22,7 +22,7 @@ import copyreg
 import pickle
 from typing import IO, Any
 
-__all__ = ["PlainUnpickler", "RefusedPickle", "load_plain"]
+__all__ = ["PlainUnpickler", "RefusedPickle", "load_plain", "load_plain_bytes"]
 
 
 class RefusedPickle(pickle.UnpicklingError):
@@ -47,3 +47,37 @@ def load_plain(handle: IO[bytes]) -> Any:
     if copyreg._inverted_registry:  # an EXT code could reach a callable cached without find_class
         raise RefusedPickle("copyreg's extension registry is not empty in this process: refusing to unpickle")
     return PlainUnpickler(handle).load()
+
+
+class _Bytes:
+    """Bytes read as a file without copying them: ``peek`` hands the C unpickler all that is left (a view), so it
+    reads from it as from a buffer, and ``read`` moves on (a view too). A ``BytesIO`` has no ``peek`` (the unpickler
+    then calls ``read`` once per opcode); a ``BufferedReader`` over one copies the bytes twice."""
+
+    __slots__ = ("at", "data", "view")
+
+    def __init__(self, data: bytes) -> None:
+        self.data, self.view, self.at = data, memoryview(data), 0
+
+    def peek(self, size: int = 0) -> memoryview:
+        return self.view[self.at :]
+
+    def read(self, size: int = -1) -> memoryview:
+        start = self.at
+        self.at = len(self.view) if size is None or size < 0 else min(len(self.view), start + size)
+        return self.view[start : self.at]
+
+    def readinto(self, buffer: Any) -> int:
+        part = self.read(len(buffer))
+        buffer[: len(part)] = part
+        return len(part)
+
+    def readline(self) -> memoryview:
+        end = self.data.find(b"\n", self.at)
+        return self.read(-1 if end < 0 else end + 1 - self.at)
+
+
+def load_plain_bytes(data: bytes) -> tuple[Any, int]:
+    """:func:`load_plain` of the pickle at the start of ``data``, and the offset where it ended."""
+    handle = _Bytes(data)
+    return load_plain(handle), handle.at
