@@ -20,7 +20,7 @@ import pytest
 
 from nemo_rl_shim.cli.main import main
 from nemo_rl_shim.cli.preflight.spawn import RankResult, spawn_ranks
-from nemo_rl_shim.flight_recorder import DUMP_FILE_NAME, SIDECAR_NAME
+from nemo_rl_shim.flight_recorder import DUMP_FILE_NAME, SIDECAR_NAME, p2p_log
 from nemo_rl_shim.flight_recorder import groups as fr_groups
 from tests.ranks.later_groups import LATE, LATER, SPLIT
 
@@ -211,6 +211,7 @@ def one_rank(tmp_path, monkeypatch) -> Any:
             recorder.record_groups(_NoMesh())
         yield recorder
     finally:
+        p2p_log.uninstall()  # record_groups wrapped torch's send and recv for Gloo's log: torch's back for the rest
         dist.destroy_process_group()
         for key, value in saved.items():
             setattr(recorder._State, key, value)

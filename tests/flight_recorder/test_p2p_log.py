@@ -113,7 +113,9 @@ def test_a_group_whose_backend_is_not_gloos_logs_nothing() -> None:
 def test_installing_twice_wraps_once_and_uninstall_gives_torchs_methods_back() -> None:
     from torch._C._distributed_c10d import ProcessGroup
 
+    p2p_log.uninstall()  # torch's own methods, whatever a test before this one left in this process
     torch_send, torch_recv = ProcessGroup.send, ProcessGroup.recv
+    assert not hasattr(torch_send, "__wrapped__")
     try:
         assert p2p_log.install() and p2p_log.install()
         assert ProcessGroup.send.__wrapped__ is torch_send and ProcessGroup.recv.__wrapped__ is torch_recv

@@ -23,8 +23,8 @@ import pytest
 import torch.distributed as dist
 
 from nemo_rl_shim.config import FlightRecorderSettings
+from nemo_rl_shim.flight_recorder import p2p_log, stack_watchdog
 from nemo_rl_shim.flight_recorder import recorder as flight_recorder
-from nemo_rl_shim.flight_recorder import stack_watchdog
 from nemo_rl_shim.flight_recorder.names import HEADER
 from nemo_rl_shim.flight_recorder.stack_watchdog import arm, armed_blocks, disarm, forget, stack_path
 from nemo_rl_shim.hang_report.stacks import read_stack
@@ -195,6 +195,7 @@ def test_set_up_removes_the_stack_an_earlier_run_left(tmp_path: Path, monkeypatc
             warnings.simplefilter("ignore", RuntimeWarning)  # the recorder's buffer was set before this group
             flight_recorder.record_groups(SimpleNamespace(device_mesh=None, moe_mesh=None))
     finally:
+        p2p_log.uninstall()  # record_groups wrapped torch's send and recv for Gloo's log: torch's back for the rest
         dist.destroy_process_group()
     assert not stale.exists()
 
