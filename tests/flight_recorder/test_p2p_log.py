@@ -148,12 +148,12 @@ def test_an_op_the_log_cannot_read_is_returned_as_torch_made_it_with_one_warning
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             assert wrapped(Unreadable(), [torch.ones(1)], 1, 0) is marker
+            assert wrapped(GlooNamedBadly(), [], 1, 0) is marker  # no tensor: nothing to note, the group not asked
+            assert p2p_log._wrapper("send", lambda self, *args: None)(GlooNamedBadly(), [torch.ones(1)], 1, 0) is None
             assert p2p_log.snapshot()["ops"] == [] and caught == []
             for _ in range(2):
                 assert wrapped(GlooNamedBadly(), [torch.ones(1)], 1, 0) is marker
             assert wrapped(GlooNamedBadly(), [torch.ones(1)], "one", 0) is marker  # not a rank: not noted
-            assert wrapped(GlooNamedBadly(), [], 1, 0) is marker  # no tensor: nothing to note, nothing asked
-            assert p2p_log._wrapper("send", lambda self, *args: None)(GlooNamedBadly(), [torch.ones(1)], 1, 0) is None
         # one warning for the whole install: the first op the log could not read
         assert [str(w.message) for w in caught] == ["a point-to-point op was not logged for the hang report: destroyed"]
         assert p2p_log.snapshot()["ops"] == []
